@@ -1,0 +1,77 @@
+// Score semantics shared by every attention kernel (flash_fwd, decode, paged):
+// softcap, the causal/sliding-window predicate, and exp2 that is safe on rows
+// whose every score is -inf. The float64 oracle is runtime/reference.py (sdpa).
+#pragma once
+#include "common.cuh"
+
+namespace ptxattn {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// NVRTC has no math.h, so no INFINITY macro.
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+
+// A window side at or past this many keys is unbounded (the host maps -1 / None to it).
+constexpr int kUnboundedWindow = 1 << 30;
+
+// Softcap on a *scaled* score: cap * tanh(s / cap); cap == 0 turns it off.
+// Applied before any mask (bool, additive, causal, window).
+__device__ __forceinline__ float apply_softcap(float s, float cap) {
+  return cap > 0.f ? cap * tanhf(s / cap) : s;
+}
+
+// Which keys a query sees, relative to the aligned diagonal i + diag_offset:
+//   key j is visible to query i  iff  i + diag_offset - left <= j <= i + diag_offset + right
+// diag_offset = Skv - Sq for bottom-right alignment, 0 for top-left.
+// causal is right = 0; no causal and no window is left = right = kUnboundedWindow.
+struct KeyWindow {
+  int diag_offset;
+  int left;
+  int right;
+};
+
+// 64-bit so i + diag_offset + kUnboundedWindow cannot overflow.
+__device__ __forceinline__ long long first_visible_key(const KeyWindow& w, long long i) {
+  return i + w.diag_offset - w.left;
+}
+__device__ __forceinline__ long long last_visible_key(const KeyWindow& w, long long i) {
+  return i + w.diag_offset + w.right;
+}
+__device__ __forceinline__ bool key_visible(const KeyWindow& w, long long i, long long j) {
+  return j >= first_visible_key(w, i) && j <= last_visible_key(w, i);
+}
+
+// Online softmax in base 2: p = exp2(x - row_max). When every score seen so far
+// is -inf the row max is -inf and x - row_max would be NaN; using 0 as the
+// subtrahend instead makes every p exactly 0, so a fully masked row keeps
+// sum 0 and the finaliser writes o = 0, lse = -inf.
+__device__ __forceinline__ float exp_subtrahend(float row_max) {
+  return row_max == neg_inf() ? 0.f : row_max;
+}
+__device__ __forceinline__ float safe_exp2(float x, float row_max) {
+  return exp2f(x - exp_subtrahend(row_max));
+}
+
+// Explicit attention masks, read element by element through 64-bit offsets
+// (stride 0 on broadcast axes). bool: nonzero byte = attend; float kinds are
+// additive. Returned in the base-2 domain the online softmax works in.
+enum MaskKind : int {
+  MASK_NONE = 0,
+  MASK_BOOL = 1,  // uint8
+  MASK_F32 = 2,
+  MASK_F16 = 3,
+  MASK_BF16 = 4,
+};
+
+__device__ __forceinline__ float mask_bias_log2(int kind, const void* mask, long long offset) {
+  switch (kind) {
+    case MASK_BOOL: return static_cast<const unsigned char*>(mask)[offset] ? 0.f : neg_inf();
+    case MASK_F32: return static_cast<const float*>(mask)[offset] * kLog2e;
+    case MASK_F16: return to_float(static_cast<const __half*>(mask)[offset]) * kLog2e;
+    case MASK_BF16: return to_float(static_cast<const __nv_bfloat16*>(mask)[offset]) * kLog2e;
+    default: return 0.f;
+  }
+}
+
+}  // namespace ptxattn

@@ -1,0 +1,15 @@
+"""ptxattn: attention kernels precompiled to PTX, run through the CUDA driver API on NumPy
+and device arrays."""
+from .array import DeviceArray, asarray, empty, from_dlpack, zeros
+from .context import on_device
+from .device import Device, device_count, get_device
+from .driver import CudaError, CudaUnavailableError
+from .dtypes import bfloat16
+from .faults import DeviceFault, check_faults
+from .graph import Graph, capture
+from .memory import CaptureAllocationError, OutOfMemoryError, WorkspaceLayout, arena_for
+from .module import PtxLoadError
+from .ops.softmax import log_softmax, softmax
+from .stream import Event, Stream, as_stream
+
+__version__ = "0.1.0"

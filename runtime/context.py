@@ -1,0 +1,48 @@
+"""Running in the right context and leaving the caller's one exactly as it was.
+
+Embedding hosts (CuPy, JAX, PyTorch, their own driver code) may have a context current. If
+it belongs to the target device we run in it, so their allocations, streams and our work
+share one context. Otherwise we push the device's primary context and pop it afterwards,
+on success and on error.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from .device import Device, get_device
+from .driver import call, cu, init
+
+__all__ = ["on_device", "current_device", "default_device"]
+
+
+def _current_context_device() -> int | None:
+    ctx = call(cu.cuCtxGetCurrent)
+    if ctx is None or int(ctx) == 0:
+        return None
+    return int(call(cu.cuCtxGetDevice))
+
+
+@contextmanager
+def on_device(device: Device):
+    """Make a context of `device` current for the block, restoring the caller's context."""
+    init()
+    if _current_context_device() == device.ordinal:
+        yield
+        return
+    call(cu.cuCtxPushCurrent, device.primary_context)
+    try:
+        yield
+    finally:
+        call(cu.cuCtxPopCurrent)
+
+
+def current_device() -> Device | None:
+    """The device of the caller's current context, if one is current."""
+    init()
+    ordinal = _current_context_device()
+    return None if ordinal is None else get_device(ordinal)
+
+
+def default_device() -> Device:
+    """Where work with no device-resident input runs: the current context's device, else 0."""
+    return current_device() or get_device(0)

@@ -1,0 +1,94 @@
+"""The CUDA driver, loaded once, and every call through it checked.
+
+`call(fn, *args)` runs a `cuda.bindings.driver` function and either returns what it
+produced or raises `CudaError` naming the call, the CUresult and the driver's text. The
+bindings are the same module in cuda-bindings 12.x and 13.x; the few calls whose
+signatures differ between them are not used here.
+"""
+from __future__ import annotations
+
+import threading
+
+try:
+    from cuda.bindings import driver as cu
+except ImportError as exc:  # pragma: no cover - the package depends on cuda-python
+    raise ImportError(
+        "ptxattn needs cuda-python's bindings (cuda.bindings.driver): pip install 'cuda-python>=12.6'"
+    ) from exc
+
+__all__ = ["cu", "call", "CudaError", "CudaUnavailableError", "init", "driver_version"]
+
+SUCCESS = cu.CUresult.CUDA_SUCCESS
+
+
+class CudaError(RuntimeError):
+    """A driver call failed. `call`, `result` (CUresult name) and `text` say which and why."""
+
+    def __init__(self, call_name: str, result) -> None:
+        self.call = call_name
+        self.result = getattr(result, "name", str(result))
+        self.code = int(result)
+        self.text = _error_text(result)
+        super().__init__(f"{call_name} failed: {self.result} ({self.text})")
+
+
+class CudaUnavailableError(RuntimeError):
+    """No usable CUDA driver or device on this machine; the message says what to do."""
+
+
+def _error_text(result) -> str:
+    try:
+        err, text = cu.cuGetErrorString(result)
+    except Exception:  # the driver itself may be what is missing
+        return "no description available"
+    if err != SUCCESS or text is None:
+        return "no description available"
+    return text.decode() if isinstance(text, bytes) else str(text)
+
+
+def call(fn, *args):
+    """Run a driver function; return its outputs (None, one value, or a tuple) or raise."""
+    result = fn(*args)
+    err = result[0]
+    if err != SUCCESS:
+        raise CudaError(fn.__name__, err)
+    if len(result) == 1:
+        return None
+    return result[1] if len(result) == 2 else result[1:]
+
+
+_init_lock = threading.Lock()
+_initialized = False
+
+
+def init() -> None:
+    """cuInit once per process; turn 'no driver' and 'no device' into one clear sentence."""
+    global _initialized
+    if _initialized:
+        return
+    with _init_lock:
+        if _initialized:
+            return
+        try:
+            result = cu.cuInit(0)
+        except Exception as exc:  # libcuda could not be loaded at all
+            raise CudaUnavailableError(
+                "No NVIDIA driver found (libcuda could not be loaded): run on a machine with an "
+                "NVIDIA GPU and its driver installed."
+            ) from exc
+        err = result[0]
+        if err == cu.CUresult.CUDA_ERROR_NO_DEVICE:
+            raise CudaUnavailableError(
+                "The NVIDIA driver is installed but reports no CUDA device: check that a GPU is "
+                "visible (nvidia-smi, CUDA_VISIBLE_DEVICES)."
+            )
+        if err != SUCCESS:
+            raise CudaError("cuInit", err)
+        _initialized = True
+
+
+def driver_version() -> tuple[int, int]:
+    """The CUDA version the installed driver supports, e.g. (13, 0)."""
+    init()
+    v = call(cu.cuDriverGetVersion)
+    return v // 1000, (v % 1000) // 10

@@ -1,0 +1,161 @@
+"""Finding, loading and launching the precompiled PTX.
+
+`ptx/manifest.json` (written by scripts/build_ptx.py) lists every family, the archs it was
+built for and its kernels. For a device of compute capability X.Y we load the highest arch
+not above it (`sm_90a` only on exactly 9.0), lazily, once per context, with the JIT error
+log in the exception if the driver rejects it.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import threading
+from importlib import resources
+
+from .device import Device
+from .driver import CudaError, call, cu, driver_version
+from .stream import Stream
+
+__all__ = ["ParamStruct", "Kernel", "get_kernel", "manifest", "arch_for", "loaded_arch", "PtxLoadError"]
+
+
+class PtxLoadError(RuntimeError):
+    """The driver could not load a PTX module; the message carries its JIT log."""
+
+
+class ParamStruct(ctypes.Structure):
+    """Base of every kernel's by-value parameter struct (see cu/README.md). The argument
+    array cuLaunchKernel wants is built once and reused: update fields in place and launch
+    again."""
+
+    @property
+    def kernel_args(self) -> int:
+        argv = self.__dict__.get("_argv")
+        if argv is None:
+            argv = (ctypes.c_void_p * 1)(ctypes.addressof(self))
+            self.__dict__["_argv"] = argv
+        return ctypes.addressof(argv)
+
+
+@functools.lru_cache(maxsize=None)
+def manifest() -> dict:
+    path = resources.files("ptxattn.ptx") / "manifest.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PtxLoadError(
+            "ptx/manifest.json is missing from the installed package: rebuild it with "
+            "scripts/build_ptx.py or reinstall ptxattn"
+        ) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_family() -> dict[str, str]:
+    return {name: fam for fam, info in manifest()["families"].items() for name in info["kernels"]}
+
+
+def _arch_key(arch: str) -> tuple[int, bool]:
+    digits = arch[3:].rstrip("a")
+    return int(digits), arch.endswith("a")
+
+
+def arch_for(compute_capability: tuple[int, int], archs) -> str | None:
+    """Highest PTX arch loadable on a device of this compute capability (None if none is)."""
+    cc = compute_capability[0] * 10 + compute_capability[1]
+    usable = []
+    for arch in archs:
+        number, arch_specific = _arch_key(arch)
+        if (number == cc) if arch_specific else (number <= cc):
+            usable.append(arch)
+    return max(usable, key=_arch_key, default=None)
+
+
+def _check_driver_version() -> None:
+    need = manifest()["min_driver_cuda_version"]
+    have = driver_version()
+    if have < tuple(need):
+        raise PtxLoadError(
+            f"the installed NVIDIA driver supports CUDA {have[0]}.{have[1]}, but the bundled PTX "
+            f"(ISA {manifest()['ptx_isa_version']}) needs CUDA {need[0]}.{need[1]} or newer: "
+            f"update the NVIDIA driver"
+        )
+
+
+_LOG_BYTES = 16384
+_J = cu.CUjit_option
+
+
+def _load_module(device: Device, family: str):
+    info = manifest()["families"][family]
+    arch = arch_for(device.compute_capability, info["archs"])
+    if arch is None:
+        raise PtxLoadError(
+            f"no PTX of family {family!r} runs on {device.name} (compute capability "
+            f"{device.compute_capability[0]}.{device.compute_capability[1]}); built for {', '.join(info['archs'])}"
+        )
+    _check_driver_version()
+    ptx = (resources.files("ptxattn.ptx") / arch / f"{family}.ptx").read_bytes() + b"\0"
+    log = bytearray(_LOG_BYTES)
+    options = [_J.CU_JIT_ERROR_LOG_BUFFER, _J.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES]
+    try:
+        return call(cu.cuModuleLoadDataEx, ptx, len(options), options, [log, _LOG_BYTES]), arch
+    except CudaError as exc:
+        text = bytes(log).split(b"\0", 1)[0].decode(errors="replace").strip()
+        raise PtxLoadError(
+            f"loading ptx/{arch}/{family}.ptx on {device.name} failed: {exc}\nJIT log:\n{text or '(empty)'}"
+        ) from exc
+
+
+class Kernel:
+    """A kernel function in one context."""
+
+    __slots__ = ("name", "function", "arch", "_max_dynamic_shared")
+
+    def __init__(self, name: str, function, arch: str) -> None:
+        self.name = name
+        self.function = function
+        self.arch = arch
+        self._max_dynamic_shared = 48 * 1024
+
+    def launch(self, grid, block, params: ParamStruct, stream: Stream, shared_bytes: int = 0) -> None:
+        if shared_bytes > self._max_dynamic_shared:
+            call(cu.cuFuncSetAttribute, self.function,
+                 cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
+            self._max_dynamic_shared = shared_bytes
+        gx, gy, gz = grid
+        bx, by, bz = block
+        err, = cu.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, shared_bytes,
+                                 stream.handle, params.kernel_args, 0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise CudaError(f"cuLaunchKernel({self.name}, grid={tuple(grid)}, block={tuple(block)}, shared={shared_bytes})", err)
+
+
+_cache_lock = threading.Lock()
+_modules: dict[tuple[int, str], tuple[object, str]] = {}
+_kernels: dict[tuple[int, str], Kernel] = {}
+
+
+def get_kernel(name: str, device: Device) -> Kernel:
+    """The kernel `name` in the current context (call inside `on_device(device)`); its
+    module is loaded on first use and cached per context."""
+    ctx = int(call(cu.cuCtxGetCurrent))
+    kernel = _kernels.get((ctx, name))
+    if kernel is not None:
+        return kernel
+    family = _kernel_family().get(name)
+    if family is None:
+        raise KeyError(f"kernel {name!r} is not in ptx/manifest.json")
+    with _cache_lock:
+        loaded = _modules.get((ctx, family))
+        if loaded is None:
+            loaded = _modules[(ctx, family)] = _load_module(device, family)
+        module, arch = loaded
+        kernel = Kernel(name, call(cu.cuModuleGetFunction, module, name.encode()), arch)
+        _kernels[(ctx, name)] = kernel
+    return kernel
+
+
+def loaded_arch(device: Device, family: str) -> str | None:
+    """Which arch of `family` a device would load (None if none fits)."""
+    return arch_for(device.compute_capability, manifest()["families"][family]["archs"])

@@ -1,0 +1,1 @@
+"""One module per op family: validation, planning and launching."""

@@ -1,0 +1,95 @@
+"""NumPy-in/NumPy-out plumbing shared by every op.
+
+An op call is either all-host (NumPy arrays: we upload, run, copy back and synchronize) or
+all-device (DeviceArrays or foreign device arrays through DLPack/CAI: we run asynchronously
+on the caller's stream and return DeviceArrays). `gather` decides which, before any device
+work, so that validation can read shapes, dtypes and strides from either kind alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..array import DeviceArray, asarray, empty, from_dlpack, is_device_array_like
+from ..context import default_device
+from ..device import Device
+from ..stream import Stream, as_stream
+
+__all__ = ["OpCall", "gather"]
+
+
+@dataclass
+class OpCall:
+    op: str
+    on_host: bool
+    stream: Stream
+    arrays: dict = field(default_factory=dict)  # name -> np.ndarray (host) or DeviceArray
+    _device: Device | None = None
+
+    @property
+    def device(self) -> Device:
+        """Where the call runs (touches the driver: use after validation)."""
+        if self._device is None:
+            self._device = default_device()
+        return self._device
+
+    def to_device(self, name: str) -> DeviceArray:
+        """The named input on the device (host inputs are uploaded, contiguous)."""
+        arr = self.arrays[name]
+        if isinstance(arr, DeviceArray):
+            return arr
+        if self.stream.is_capturing():
+            raise RuntimeError(
+                f"{self.op}: {name} is a NumPy array but the stream is capturing a graph; "
+                f"a captured step takes device arrays (ptxattn.asarray before capture)"
+            )
+        return asarray(arr, self.stream, self.device)
+
+    def output(self, shape, dtype, out=None, name: str = "out") -> DeviceArray:
+        """A fresh output, or the caller's `out` after checking it matches."""
+        shape = tuple(int(n) for n in shape)
+        dtype = np.dtype(dtype)
+        if out is None:
+            return empty(shape, dtype, self.device)
+        got = self.arrays.get(name)
+        if got is None:
+            raise AssertionError(f"{self.op}: pass out= to gather() before output()")
+        if tuple(got.shape) != shape or got.dtype != dtype:
+            raise ValueError(f"{self.op}: {name} must be {shape} {dtype}, got {tuple(got.shape)} {got.dtype}")
+        return got if isinstance(got, DeviceArray) else empty(shape, dtype, self.device)
+
+    def finish(self, result: DeviceArray, out=None):
+        """Host calls: copy back (into `out` if given) and wait. Device calls: record the
+        stream that produced the result and return it."""
+        result.stream = self.stream
+        if not self.on_host:
+            return result
+        host = result.get(self.stream)
+        if out is not None:
+            out[...] = host
+            return out
+        return host
+
+
+def gather(op: str, stream=None, **arrays) -> OpCall:
+    """Classify an op's array arguments (None entries are dropped) as all-host or
+    all-device; refuse a mix, naming which is which."""
+    present = {k: v for k, v in arrays.items() if v is not None}
+    on_device = {k for k, v in present.items() if is_device_array_like(v)}
+    if on_device and len(on_device) != len(present):
+        host = sorted(set(present) - on_device)
+        raise TypeError(
+            f"{op}: arrays must be all NumPy (host) or all device arrays; "
+            f"{', '.join(sorted(on_device))} on the device but {', '.join(host)} on the host"
+        )
+    st = as_stream(stream)
+    if on_device:
+        converted = {k: (v if isinstance(v, DeviceArray) else from_dlpack(v, st)) for k, v in present.items()}
+        devices = {a.device.ordinal for a in converted.values()}
+        if len(devices) > 1:
+            raise ValueError(f"{op}: all arrays must be on one device, got devices {sorted(devices)}")
+        device = next(iter(converted.values())).device
+        return OpCall(op, False, st, converted, device)
+    converted = {k: (v if isinstance(v, np.ndarray) else np.asarray(v)) for k, v in present.items()}
+    return OpCall(op, True, st, converted)

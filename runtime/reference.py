@@ -1,0 +1,92 @@
+"""Float64 NumPy oracle of every op: the definition of ptxattn's semantics.
+
+Each op family has its own section below. Everything is computed in float64 from
+the inputs' exact values (bfloat16/float16 widen exactly), with no tiling, so a
+kernel is checked against the math, not against another implementation.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# ==== sdpa: scaled dot-product attention ======================================
+# q [B, Hq, Sq, Dqk], k [B, Hkv, Skv, Dqk], v [B, Hkv, Skv, Dv] -> o [B, Hq, Sq, Dv],
+# lse [B, Hq, Sq]. Query head h reads kv head h // (Hq // Hkv).
+
+
+def sdpa_visible_keys(sq: int, skv: int, *, causal: bool = False,
+                      causal_align: str = "top_left", window=None) -> np.ndarray:
+    """[Sq, Skv] bool: key j is visible to query i.
+
+    Relative to the aligned diagonal d = i + diag_offset (diag_offset = Skv - Sq for
+    "bottom_right", 0 for "top_left"), j is visible iff d - left <= j <= d + right.
+    window = (left, right) with -1 (or None) meaning unbounded on that side;
+    causal caps right at 0. No causal and no window: every key is visible.
+    """
+    if causal_align not in ("top_left", "bottom_right"):
+        raise ValueError(f"causal_align: expected 'top_left' or 'bottom_right', got {causal_align!r}")
+    left, right = (None, None) if window is None else window
+    left = None if left is None or left < 0 else int(left)
+    right = None if right is None or right < 0 else int(right)
+    if causal:
+        right = 0 if right is None else min(right, 0)
+    diag = np.arange(sq)[:, None] + (skv - sq if causal_align == "bottom_right" else 0)
+    j = np.arange(skv)[None, :]
+    visible = np.ones((sq, skv), dtype=bool)
+    if left is not None:
+        visible &= j >= diag - left
+    if right is not None:
+        visible &= j <= diag + right
+    return visible
+
+
+def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", window=None,
+         scale=None, softcap=0.0, sinks=None):
+    """Scaled dot-product attention in float64; returns (o, lse).
+
+    scores = scale * q·k (scale defaults to 1/sqrt(Dqk); 0 is a real zero), then
+    softcap (cap * tanh(s / cap), cap 0 = off), then masks: the causal/window
+    predicate, a bool attn_mask (True = attend) or an additive float attn_mask,
+    broadcast to [B, Hq, Sq, Skv] from any rank <= 4. sinks [Hq] join the softmax
+    denominator only: o = sum_j e^{s_j} v_j / (sum_j e^{s_j} + e^{sink}), while
+    lse = log sum_j e^{s_j} (natural log) excludes them. A row with no visible key
+    has o = 0 and lse = -inf, with or without sinks.
+    """
+    q, k, v = (np.asarray(x).astype(np.float64) for x in (q, k, v))
+    batch, hq, sq, dqk = q.shape
+    hkv, skv, dv = k.shape[1], k.shape[2], v.shape[3]
+    assert k.shape == (batch, hkv, skv, dqk) and v.shape == (batch, hkv, skv, dv)
+    assert hq % hkv == 0, "Hq must be a multiple of Hkv"
+    k = np.repeat(k, hq // hkv, axis=1)
+    v = np.repeat(v, hq // hkv, axis=1)
+    scale = 1.0 / np.sqrt(dqk) if scale is None else float(scale)
+
+    s = np.einsum("bhqd,bhkd->bhqk", q, k) * scale
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    visible = sdpa_visible_keys(sq, skv, causal=causal, causal_align=causal_align, window=window)
+    s = np.where(visible, s, -np.inf)
+    if attn_mask is not None:
+        mask = np.asarray(attn_mask)
+        if mask.dtype == np.bool_:
+            s = np.where(mask, s, -np.inf)
+        else:
+            s = s + mask.astype(np.float64)
+
+    if skv == 0:
+        return np.zeros((batch, hq, sq, dv)), np.full((batch, hq, sq), -np.inf)
+    row_max = s.max(axis=-1, keepdims=True)
+    shift = np.where(row_max == -np.inf, 0.0, row_max)  # keeps exp(-inf - -inf) out
+    e = np.exp(s - shift)
+    total = e.sum(axis=-1, keepdims=True)
+    denom = total
+    if sinks is not None:
+        sink = np.asarray(sinks, dtype=np.float64).reshape(1, hq, 1, 1)
+        denom = total + np.exp(sink - shift)
+    live = total > 0
+    o = np.einsum("bhqk,bhkd->bhqd", e, v) / np.where(live, denom, 1.0)
+    o = np.where(live, o, 0.0)
+    with np.errstate(divide="ignore"):
+        lse = np.where(live, np.log(total) + shift, -np.inf)[..., 0]
+    return o, lse
+
+# ==== end sdpa =================================================================

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""ptxattn benchmarks, run on the GPU machine: prints a table per suite, writes JSON and a
+PNG chart.
+
+    python scripts/bench.py                       # every suite
+    python scripts/bench.py --suite prefill decode --out /tmp/bench
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SUITES = {"launch": "bench_launch", "prefill": "bench_prefill", "decode": "bench_decode"}
+
+
+def print_table(suite: str, rows: list[dict]) -> None:
+    if not rows:
+        return
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    def fmt(v):
+        return f"{v:.3g}" if isinstance(v, float) else ("-" if v is None else str(v))
+    widths = {c: max(len(c), *(len(fmt(r.get(c))) for r in rows)) for c in columns}
+    print(f"\n== {suite} ==")
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    for row in rows:
+        print("  ".join(fmt(row.get(c)).ljust(widths[c]) for c in columns))
+
+
+def plot(results: dict, path: Path) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("(matplotlib not installed: no chart)")
+        return
+    charted = {s: rows for s, rows in results.items() if rows and "chart" in rows[0]}
+    if not charted:
+        return
+    fig, axes = plt.subplots(len(charted), 1, figsize=(11, 3.6 * len(charted)), squeeze=False)
+    for ax, (suite, rows) in zip(axes[:, 0], charted.items()):
+        unit = rows[0]["chart"]["unit"]
+        series = list(rows[0]["chart"]["series"])
+        width = 0.8 / len(series)
+        for j, name in enumerate(series):
+            values = [r["chart"]["series"].get(name) or 0 for r in rows]
+            ax.bar([i + j * width for i in range(len(rows))], values, width, label=name)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))])
+        ax.set_xticklabels([r["shape"] for r in rows], rotation=12, fontsize=7)
+        ax.set_ylabel(unit)
+        ax.set_title(suite)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", nargs="+", choices=sorted(SUITES), default=list(SUITES))
+    parser.add_argument("--out", type=Path, default=Path("bench_results"))
+    parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {}
+    for suite in args.suite:
+        rows = importlib.import_module(SUITES[suite]).run(args)
+        results[suite] = rows
+        print_table(suite, [{k: v for k, v in r.items() if k != "chart"} for r in rows])
+    (args.out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
+    plot(results, args.out / "bench.png")
+    print(f"\nwrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

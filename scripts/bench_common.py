@@ -1,0 +1,76 @@
+"""Timing helpers shared by every benchmark suite (run on the GPU machine, with torch).
+
+Inputs come from torch (random, never zeros) and reach ptxattn zero-copy through DLPack;
+every timed function runs on torch's current stream, so one pair of CUDA events brackets
+ours and PyTorch's work alike.
+"""
+from __future__ import annotations
+
+import statistics
+
+
+def torch_or_none():
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch if torch.cuda.is_available() else None
+
+
+def time_ms(fn, *, warmup: int = 5, repeat: int = 30, rotate: int = 1) -> float:
+    """Median milliseconds of `fn(i)` over `repeat` runs, CUDA events around each run.
+    `fn` receives the run index so callers can rotate among `rotate` input sets that
+    together exceed the L2 cache."""
+    import torch
+
+    for i in range(warmup):
+        fn(i % rotate)
+    torch.cuda.synchronize()
+    times = []
+    for i in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(i % rotate)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth_tbs(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth (bytes read + bytes written per second), in TB/s."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda i: dst.copy_(src), warmup=3, repeat=20)
+    return 2 * nbytes / (ms * 1e-3) / 1e12
+
+
+def rotation_count(bytes_per_set: int, l2_bytes: int = 60 << 20) -> int:
+    """How many input sets make one pass through them at least 4x the L2."""
+    return max(1, -(-4 * l2_bytes // max(bytes_per_set, 1)))
+
+
+def torch_sdpa_backends():
+    """{name: callable(q, k, v, is_causal, enable_gqa)} for PyTorch's flash and cuDNN SDPA."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    def make(backend):
+        def run(q, k, v, is_causal=False, enable_gqa=False):
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+        return run
+
+    return {"torch_flash": make(SDPBackend.FLASH_ATTENTION), "torch_cudnn": make(SDPBackend.CUDNN_ATTENTION)}
+
+
+def try_time(fn, **kwargs):
+    """time_ms, or None with the reason printed when a backend refuses the shape."""
+    try:
+        return time_ms(fn, **kwargs)
+    except RuntimeError as exc:
+        print(f"  (skipped: {str(exc).splitlines()[0][:120]})")
+        return None

@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""Compile cu/ to ptx/<arch>/<family>.ptx with NVRTC and write ptx/manifest.json.
+
+    python scripts/build_ptx.py            # rebuild ptx/ from cu/variants.json
+    python scripts/build_ptx.py --check    # rebuild into a temp dir; fail if ptx/ differs
+
+NVRTC comes from the nvidia-cuda-nvrtc-cu12 wheel and is always loaded through ctypes, so
+the build works whichever major version of cuda-python is installed; cuda_fp16.h and
+cuda_bf16.h come from the nvidia-cuda-runtime-cu12 wheel's include/ folder. Both are pinned
+in the `build` extra, which makes the output reproducible byte for byte.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import filecmp
+import hashlib
+import importlib.util
+import json
+import re
+import shutil
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CU = ROOT / "cu"
+PTX = ROOT / "ptx"
+COMMON_OPTIONS = ["--std=c++17", "--device-as-default-execution-space"]
+
+
+def _wheel_dir(package: str, sub: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(f"build_ptx: {package} is not installed: pip install -e '.[build]'")
+    return Path(next(iter(spec.submodule_search_locations))) / sub
+
+
+class Nvrtc:
+    """The handful of NVRTC entry points the build needs, through ctypes."""
+
+    def __init__(self) -> None:
+        lib_dir = _wheel_dir("nvidia.cuda_nvrtc", "lib")
+        candidates = sorted(lib_dir.glob("libnvrtc.so.*")) + sorted(lib_dir.glob("nvrtc64_*.dll"))
+        if not candidates:
+            sys.exit(f"build_ptx: no NVRTC library in {lib_dir}")
+        self.lib = ctypes.CDLL(str(candidates[0]))
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        self.version = (major.value, minor.value)
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+            raise RuntimeError(f"{what} failed: {self.lib.nvrtcGetErrorString(status).decode()}")
+
+    def compile(self, source: str, name: str, options: list[str]) -> str:
+        prog = ctypes.c_void_p()
+        self._check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
+                    "nvrtcCreateProgram")
+        try:
+            argv = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
+            status = self.lib.nvrtcCompileProgram(prog, len(options), argv)
+            log_size = ctypes.c_size_t()
+            self.lib.nvrtcGetProgramLogSize(prog, ctypes.byref(log_size))
+            log = ctypes.create_string_buffer(log_size.value)
+            self.lib.nvrtcGetProgramLog(prog, log)
+            if status != 0:
+                raise RuntimeError(f"NVRTC could not compile {name}:\n{log.value.decode(errors='replace')}")
+            size = ctypes.c_size_t()
+            self._check(self.lib.nvrtcGetPTXSize(prog, ctypes.byref(size)), "nvrtcGetPTXSize")
+            ptx = ctypes.create_string_buffer(size.value)
+            self._check(self.lib.nvrtcGetPTX(prog, ptx), "nvrtcGetPTX")
+            return ptx.value.decode()
+        finally:
+            self.lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def build(out: Path) -> None:
+    table = json.loads((CU / "variants.json").read_text())
+    nvrtc = Nvrtc()
+    include = _wheel_dir("nvidia.cuda_runtime", "include")
+    # Include paths are absolute on the build machine; they are not part of the recorded
+    # options (they do not change the PTX).
+    paths = [f"-I{include}", f"-I{CU}"]
+    jobs = []
+    for family, info in table["families"].items():
+        for arch in info.get("archs", table["default_archs"]):
+            options = COMMON_OPTIONS + info.get("options", []) + [f"--gpu-architecture={arch.replace('sm_', 'compute_')}"]
+            jobs.append((family, info, arch, options))
+
+    def compile_one(job):
+        family, info, arch, options = job
+        return nvrtc.compile((CU / info["source"]).read_text(), info["source"], options + paths)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(compile_one, jobs))
+
+    families, isa_versions = {}, set()
+    for (family, info, arch, options), ptx in zip(jobs, results):
+        entries = set(re.findall(r"^\.(?:visible )?\.entry (\w+)\(", ptx, flags=re.M))
+        listed = set(info["kernels"])
+        if entries != listed:
+            raise SystemExit(
+                f"build_ptx: {family} for {arch}: cu/variants.json and the PTX disagree; only in the "
+                f"table: {sorted(listed - entries)}, only in the PTX: {sorted(entries - listed)}"
+            )
+        isa_versions.add(re.search(r"^\.version (\d+\.\d+)", ptx, flags=re.M).group(1))
+        (out / arch).mkdir(parents=True, exist_ok=True)
+        (out / arch / f"{family}.ptx").write_text(ptx)
+        entry = families.setdefault(family, {
+            "source": info["source"],
+            "source_sha256": sha256((CU / info["source"]).read_bytes()),
+            "options": COMMON_OPTIONS + info.get("options", []),
+            "archs": [],
+            "kernels": sorted(listed),
+            "ptx_sha256": {},
+        })
+        entry["archs"].append(arch)
+        entry["ptx_sha256"][arch] = sha256(ptx.encode())
+
+    manifest = {
+        "generated_by": "scripts/build_ptx.py",
+        "nvrtc_version": f"{nvrtc.version[0]}.{nvrtc.version[1]}",
+        "ptx_isa_version": max(isa_versions, key=lambda v: tuple(map(int, v.split(".")))) if isa_versions else None,
+        # PTX from NVRTC X.Y needs a driver that supports CUDA X.Y.
+        "min_driver_cuda_version": list(nvrtc.version),
+        "header_sha256": {p.name: sha256(p.read_bytes()) for p in sorted(CU.glob("*.cuh")) + sorted(CU.glob("*.h"))},
+        "families": families,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _tree(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and (p.suffix == ".ptx" or p.name == "manifest.json")}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="rebuild into a temp dir and compare with ptx/")
+    args = parser.parse_args()
+    if not args.check:
+        for stale in PTX.glob("sm_*"):
+            shutil.rmtree(stale)
+        build(PTX)
+        print(f"build_ptx: wrote {len(_tree(PTX))} files under {PTX.relative_to(ROOT)}/")
+        return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = Path(tmp)
+        build(fresh)
+        committed, rebuilt = _tree(PTX), _tree(fresh)
+        differ = sorted(p for p in committed & rebuilt if not filecmp.cmp(PTX / p, fresh / p, shallow=False))
+        missing, extra = sorted(rebuilt - committed), sorted(committed - rebuilt)
+        if differ or missing or extra:
+            print("build_ptx --check: ptx/ does not match cu/ (run scripts/build_ptx.py and commit ptx/)")
+            for label, paths in (("differs", differ), ("not committed", missing), ("stale", extra)):
+                for p in paths:
+                    print(f"  {label}: ptx/{p}")
+            return 1
+    print(f"build_ptx --check: ptx/ matches cu/ ({len(committed)} files)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
