@@ -23,7 +23,20 @@ def info() -> None:
         archs = sorted({loaded_arch(dev, fam) or "none" for fam in m["families"]})
         print(f"device {ordinal}: {dev.name}, compute capability {dev.compute_capability[0]}."
               f"{dev.compute_capability[1]}, {dev.sm_count} SMs, {dev.total_memory / 2**30:.1f} GiB; "
-              f"loads PTX for {', '.join(archs)}")
+              f"loads PTX for {', '.join(archs)}; probe kernel {_run_probe(dev)}")
+
+
+def _run_probe(dev) -> str:
+    """Load the probe module on `dev`, store a value with it and read it back."""
+    from . import zeros
+    from .context import on_device
+    from .ops.probe import ProbeParams, probe_kernel
+    from .stream import as_stream
+
+    cell = zeros((1,), np.int32, dev)
+    with on_device(dev):
+        probe_kernel(dev).launch((1, 1, 1), (32, 1, 1), ProbeParams(cell.ptr, 1234), as_stream(None))
+    return "ran" if int(cell.get()[0]) == 1234 else "returned a WRONG value"
 
 
 def demo() -> None:

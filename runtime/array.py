@@ -222,7 +222,10 @@ def from_dlpack(obj, stream=None) -> DeviceArray:
     from cuda.core.utils import StridedMemoryView
 
     st = as_stream(stream)
-    view = StridedMemoryView(obj, stream_ptr=st.ptr or _CU_STREAM_LEGACY)
+    consumer = st.ptr or _CU_STREAM_LEGACY
+    # cuda.core >= 1.2 spells the generic constructor from_any_interface.
+    make = getattr(StridedMemoryView, "from_any_interface", None)
+    view = make(obj, stream_ptr=consumer) if make else StridedMemoryView(obj, stream_ptr=consumer)
     if not view.is_device_accessible or view.device_id < 0:
         raise TypeError(f"from_dlpack: expected an array in device memory, got one on the host ({type(obj).__name__})")
     dtype = normalize(view.dtype, "from_dlpack dtype")

@@ -10,16 +10,22 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 from .device import Device, get_device
-from .driver import call, cu, init
+from .driver import call, cu, hot, init
 
 __all__ = ["on_device", "current_device", "default_device"]
 
 
+_context_devices: dict[int, int] = {}  # context handle -> device ordinal (never changes)
+
+
 def _current_context_device() -> int | None:
-    ctx = call(cu.cuCtxGetCurrent)
-    if ctx is None or int(ctx) == 0:
+    ctx = hot().current_context()
+    if ctx == 0:
         return None
-    return int(call(cu.cuCtxGetDevice))
+    ordinal = _context_devices.get(ctx)
+    if ordinal is None:
+        ordinal = _context_devices[ctx] = int(call(cu.cuCtxGetDevice))
+    return ordinal
 
 
 @contextmanager

@@ -7,6 +7,8 @@ signatures differ between them are not used here.
 """
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 
 try:
@@ -16,7 +18,7 @@ except ImportError as exc:  # pragma: no cover - the package depends on cuda-pyt
         "ptxattn needs cuda-python's bindings (cuda.bindings.driver): pip install 'cuda-python>=12.6'"
     ) from exc
 
-__all__ = ["cu", "call", "CudaError", "CudaUnavailableError", "init", "driver_version"]
+__all__ = ["cu", "call", "CudaError", "CudaUnavailableError", "init", "driver_version", "hot"]
 
 SUCCESS = cu.CUresult.CUDA_SUCCESS
 
@@ -92,3 +94,40 @@ def driver_version() -> tuple[int, int]:
     init()
     v = call(cu.cuDriverGetVersion)
     return v // 1000, (v % 1000) // 10
+
+
+class _HotPath:
+    """The two driver entry points on every op's path, called through ctypes: cuda-python's
+    wrappers convert each argument in Python, which costs microseconds per launch; these
+    take plain ints. Everything else goes through `call`."""
+
+    def __init__(self) -> None:
+        init()
+        lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
+        u = ctypes.c_uint
+        self.launch = lib.cuLaunchKernel
+        self.launch.restype = ctypes.c_int
+        self.launch.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        get_current = lib.cuCtxGetCurrent
+        get_current.restype = ctypes.c_int
+        get_current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        self._get_current = get_current
+        self._ctx = ctypes.c_void_p()
+        self._ctx_ref = ctypes.byref(self._ctx)
+
+    def current_context(self) -> int:
+        """Handle of the calling thread's current context (0 if none)."""
+        err = self._get_current(self._ctx_ref)
+        if err:
+            raise CudaError("cuCtxGetCurrent", cu.CUresult(err))
+        return self._ctx.value or 0
+
+
+_hot: _HotPath | None = None
+
+
+def hot() -> _HotPath:
+    global _hot
+    if _hot is None:
+        _hot = _HotPath()
+    return _hot

@@ -14,7 +14,7 @@ import threading
 from importlib import resources
 
 from .device import Device
-from .driver import CudaError, call, cu, driver_version
+from .driver import CudaError, call, cu, driver_version, hot
 from .stream import Stream
 
 __all__ = ["ParamStruct", "Kernel", "get_kernel", "manifest", "arch_for", "loaded_arch", "PtxLoadError"]
@@ -95,27 +95,32 @@ def _load_module(device: Device, family: str):
             f"{device.compute_capability[0]}.{device.compute_capability[1]}); built for {', '.join(info['archs'])}"
         )
     _check_driver_version()
-    ptx = (resources.files("ptxattn.ptx") / arch / f"{family}.ptx").read_bytes() + b"\0"
+    ptx = (resources.files("ptxattn.ptx") / arch / f"{family}.ptx").read_bytes()
+    return load_ptx(ptx, f"ptx/{arch}/{family}.ptx", device), arch
+
+
+def load_ptx(ptx: bytes, label: str, device: Device):
+    """cuModuleLoadDataEx in the current context; on failure the JIT log is in the error."""
     log = bytearray(_LOG_BYTES)
     options = [_J.CU_JIT_ERROR_LOG_BUFFER, _J.CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES]
     try:
-        return call(cu.cuModuleLoadDataEx, ptx, len(options), options, [log, _LOG_BYTES]), arch
+        return call(cu.cuModuleLoadDataEx, ptx + b"\0", len(options), options, [log, _LOG_BYTES])
     except CudaError as exc:
         text = bytes(log).split(b"\0", 1)[0].decode(errors="replace").strip()
-        raise PtxLoadError(
-            f"loading ptx/{arch}/{family}.ptx on {device.name} failed: {exc}\nJIT log:\n{text or '(empty)'}"
-        ) from exc
+        raise PtxLoadError(f"loading {label} on {device.name} failed: {exc}\nJIT log:\n{text or '(empty)'}") from exc
 
 
 class Kernel:
     """A kernel function in one context."""
 
-    __slots__ = ("name", "function", "arch", "_max_dynamic_shared")
+    __slots__ = ("name", "function", "arch", "_handle", "_launch", "_max_dynamic_shared")
 
     def __init__(self, name: str, function, arch: str) -> None:
         self.name = name
         self.function = function
         self.arch = arch
+        self._handle = int(function)
+        self._launch = hot().launch
         self._max_dynamic_shared = 48 * 1024
 
     def launch(self, grid, block, params: ParamStruct, stream: Stream, shared_bytes: int = 0) -> None:
@@ -125,10 +130,10 @@ class Kernel:
             self._max_dynamic_shared = shared_bytes
         gx, gy, gz = grid
         bx, by, bz = block
-        err, = cu.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, shared_bytes,
-                                 stream.handle, params.kernel_args, 0)
-        if err != cu.CUresult.CUDA_SUCCESS:
-            raise CudaError(f"cuLaunchKernel({self.name}, grid={tuple(grid)}, block={tuple(block)}, shared={shared_bytes})", err)
+        err = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared_bytes, stream.ptr, params.kernel_args, None)
+        if err:
+            raise CudaError(f"cuLaunchKernel({self.name}, grid={tuple(grid)}, block={tuple(block)}, "
+                            f"shared={shared_bytes})", cu.CUresult(err))
 
 
 _cache_lock = threading.Lock()
@@ -139,7 +144,7 @@ _kernels: dict[tuple[int, str], Kernel] = {}
 def get_kernel(name: str, device: Device) -> Kernel:
     """The kernel `name` in the current context (call inside `on_device(device)`); its
     module is loaded on first use and cached per context."""
-    ctx = int(call(cu.cuCtxGetCurrent))
+    ctx = hot().current_context()
     kernel = _kernels.get((ctx, name))
     if kernel is not None:
         return kernel

@@ -90,3 +90,32 @@ def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", wind
     return o, lse
 
 # ==== end sdpa =================================================================
+
+
+# ==== softmax: softmax and log_softmax along one axis ==========================
+# Rows of all -inf, and rows holding a NaN or +inf, come out all NaN, as in ONNX Softmax /
+# LogSoftmax and torch.softmax (the max-shift is undefined there); -inf entries of any other
+# row give probability 0 (log-probability -inf).
+
+
+def _max_shifted(x, axis: int) -> np.ndarray:
+    """x - max(x) along `axis`, in float64 (NaN where the shift is undefined)."""
+    x = np.asarray(x).astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        return x - np.max(x, axis=axis, keepdims=True)
+
+
+def softmax(x, axis: int = -1) -> np.ndarray:
+    """exp(x - max) / sum(exp(x - max)) along `axis`, in float64."""
+    e = np.exp(_max_shifted(x, axis))
+    with np.errstate(invalid="ignore"):
+        return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def log_softmax(x, axis: int = -1) -> np.ndarray:
+    """x - max - log(sum(exp(x - max))) along `axis`, in float64."""
+    shifted = _max_shifted(x, axis)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+# ==== end softmax ==============================================================

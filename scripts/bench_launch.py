@@ -5,17 +5,13 @@ host time; the stream is synchronized only at the end, so the GPU is never the b
 """
 from __future__ import annotations
 
-import ctypes
 import time
 
 import ptxattn
 from ptxattn.context import on_device
 from ptxattn.driver import call, cu
-from ptxattn.module import ParamStruct, get_kernel
-
-
-class ProbeParams(ParamStruct):
-    _fields_ = [("out", ctypes.c_void_p), ("value", ctypes.c_int32)]
+from ptxattn.module import get_kernel
+from ptxattn.ops.probe import ProbeParams
 
 
 def _per_launch_us(launch, count: int) -> float:

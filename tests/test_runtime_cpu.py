@@ -140,3 +140,12 @@ def test_cli_without_gpu_says_one_clear_sentence(command):
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"ptxattn {command}:"), proc.stderr
+
+
+def test_old_driver_is_refused_with_versions(monkeypatch):
+    from ptxattn import module
+
+    monkeypatch.setattr(module, "driver_version", lambda: (12, 0))
+    need = module.manifest()["min_driver_cuda_version"]
+    with pytest.raises(module.PtxLoadError, match=rf"supports CUDA 12\.0, but .* needs CUDA {need[0]}\.{need[1]}"):
+        module._check_driver_version()

@@ -80,7 +80,7 @@ def plan(outer: int, length: int, inner: int) -> SoftmaxPlan:
     # Split each column's length over threadIdx.y only as far as it takes to fill the GPU,
     # keeping at least a warp's worth of adjacent columns per CTA row when there are that many.
     splits = _pow2_floor(max(1, FILL_THREADS // columns))
-    splits = min(splits, COL_CTA_THREADS // min(32, _pow2_ceil(columns)), _pow2_ceil(length))
+    splits = min(splits, COL_CTA_THREADS // min(32, _pow2_ceil(columns)), _pow2_floor(length))
     per_cta = min(COL_CTA_THREADS // splits, _pow2_ceil(columns))
     grid = min(_ceil_div(columns, per_cta), GRID_CAP)
     return SoftmaxPlan("cols", (grid, 1, 1), (per_cta, splits, 1))
