@@ -61,11 +61,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(smem_u32(smem)));
 }
 
+template <class T> constexpr bool is_bf16 = false;
+template <> constexpr bool is_bf16<__nv_bfloat16> = true;
+
 // d += a (16x16, row) * b (16x8, col), fp32 accumulate.
 template <class T>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
                                           unsigned b1) {
-  if constexpr (sizeof(T) == 2 && __is_same(T, __nv_bfloat16)) {
+  if constexpr (is_bf16<T>) {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
         "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
@@ -81,7 +84,7 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
 // Two floats rounded to T, packed low-first into one 32-bit register.
 template <class T>
 __device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  if constexpr (__is_same(T, __nv_bfloat16)) {
+  if constexpr (is_bf16<T>) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<unsigned*>(&v);
   } else {
@@ -167,6 +170,8 @@ __device__ __forceinline__ RowResult finish_row(const FlashFwdParams& p, int h, 
   return {1.f / denom, (row_max + log2f(sum)) * kLn2};
 }
 
+extern __shared__ __align__(128) unsigned char dyn_smem[];
+
 // ---- tensor-core kernel (f16 / bf16) ----------------------------------------------
 template <class T, int DQK, int DV, int WARPS, int BC, int STAGES>
 __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
@@ -174,10 +179,10 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   constexpr int KSTEPS = DQK / 16;  // k16 steps of Q·K^T
   constexpr int STILES = BC / 8;    // n8 score tiles per warp
   constexpr int OTILES = DV / 8;    // n8 output tiles per warp
+  constexpr bool Q_IN_REGS = DQK < 256;
   static_assert(DQK % 64 == 0 && DV % 64 == 0 && BC % 16 == 0, "tile shape");
 
-  extern __shared__ __align__(128) unsigned char smem[];
-  T* sq = reinterpret_cast<T*>(smem);
+  T* sq = reinterpret_cast<T*>(dyn_smem);
   T* sk = sq + BR * DQK;
   T* sv = sk + STAGES * BC * DQK;
 
@@ -227,13 +232,31 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
 
-    // Q fragments (A operand), kept in registers for the whole key loop.
-    unsigned qf[KSTEPS][4];
-    {
-      const int r = warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+    // Q fragments (A operand): kept in registers for the whole key loop, or for the
+    // widest head dim (where they would not fit beside the accumulators) re-read from
+    // shared memory at each k-step.
+    const int q_row = warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+    auto q_frag = [&](unsigned (&a)[4], int ks) {
+      ldmatrix_x4(a, sq + q_row * DQK + swizzle(q_row, ks * 2 + (lane >> 4)) * 8);
+    };
+    unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];
+    if constexpr (Q_IN_REGS) {
 #pragma unroll
-      for (int ks = 0; ks < KSTEPS; ++ks)
-        ldmatrix_x4(qf[ks], sq + r * DQK + swizzle(r, ks * 2 + (lane >> 4)) * 8);
+      for (int ks = 0; ks < KSTEPS; ++ks) q_frag(qf[ks], ks);
+    }
+
+    // ldmatrix lane offsets (elements). Every row an ldmatrix touches has row & 7 ==
+    // lane & 7, so the swizzled chunk of logical chunk 2*step + c is (2*step) ^ (c ^ lane&7):
+    // it depends on step only through step & 3; the rest is a compile-time constant.
+    int k_off[4], v_off[4];
+    {
+      const int k_row = (lane & 7) + ((lane >> 4) << 3), k_sel = ((lane >> 3) & 1) ^ (lane & 7);
+      const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_sel = (lane >> 4) ^ (lane & 7);
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        k_off[q] = k_row * DQK + ((2 * q) ^ k_sel) * 8;
+        v_off[q] = v_row * DV + ((2 * q) ^ v_sel) * 8;
+      }
     }
 
     for (int t = tile_begin; t < tile_end; ++t) {
@@ -255,13 +278,14 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       for (int n = 0; n < STILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks) {
+        unsigned(&a)[4] = qf[Q_IN_REGS ? ks : 0];
+        if constexpr (!Q_IN_REGS) q_frag(a, ks);
 #pragma unroll
         for (int np = 0; np < BC / 16; ++np) {
-          const int r = np * 16 + (lane & 7) + ((lane >> 4) << 3);
           unsigned kb[4];
-          ldmatrix_x4(kb, skt + r * DQK + swizzle(r, ks * 2 + ((lane >> 3) & 1)) * 8);
-          mma_16816<T>(s[2 * np], qf[ks], kb[0], kb[1]);
-          mma_16816<T>(s[2 * np + 1], qf[ks], kb[2], kb[3]);
+          ldmatrix_x4(kb, skt + k_off[ks & 3] + np * 16 * DQK + (ks >> 2) * 64);
+          mma_16816<T>(s[2 * np], a, kb[0], kb[1]);
+          mma_16816<T>(s[2 * np + 1], a, kb[2], kb[3]);
         }
       }
 
@@ -316,11 +340,10 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
                                 pack2<T>(s[2 * kk][2], s[2 * kk][3]),
                                 pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                 pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-        const int r = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
         for (int dp = 0; dp < DV / 16; ++dp) {
           unsigned vb[4];
-          ldmatrix_x4_trans(vb, svt + r * DV + swizzle(r, dp * 2 + (lane >> 4)) * 8);
+          ldmatrix_x4_trans(vb, svt + v_off[dp & 3] + kk * 16 * DV + (dp >> 2) * 64);
           mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
           mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
         }
@@ -366,9 +389,8 @@ constexpr int F32_WARPS = 4;
 constexpr int F32_MAX_DV = 256;
 
 __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
-  extern __shared__ __align__(16) unsigned char smem[];
   const int k_pitch = p.dim_qk | 1;
-  float* sk = reinterpret_cast<float*>(smem);
+  float* sk = reinterpret_cast<float*>(dyn_smem);
   float* sv = sk + 32 * k_pitch;
   float* sq = sv + 32 * p.dim_v;
 

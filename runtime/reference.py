@@ -119,3 +119,105 @@ def log_softmax(x, axis: int = -1) -> np.ndarray:
         return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
 
 # ==== end softmax ==============================================================
+
+
+# ==== decode / kv cache / merge: KV-cache attention ===========================
+# Caches here are [B, Hkv, capacity, D] ("HND"); pools are [num_pages, Hkv, page_size, D]
+# ("HND") or [num_pages, page_size, Hkv, D] ("NHD"). Lengths and slots are host integers.
+
+
+def decode(q, k_cache, v_cache, seq_lens, *, scale=None, softcap=0.0, window=None, sinks=None):
+    """Attention of q [B, Hq, Sq, Dqk] against each row's first seq_lens[b] cached keys,
+    bottom-right causal (query t sees keys < seq_lens[b] - Sq + 1 + t), window / softcap /
+    sinks / scale as in sdpa. Returns (o [B, Hq, Sq, Dv], lse [B, Hq, Sq])."""
+    q = np.asarray(q)
+    batch, hq, sq, _ = q.shape
+    dv = np.asarray(v_cache).shape[3]
+    o = np.zeros((batch, hq, sq, dv))
+    lse = np.full((batch, hq, sq), -np.inf)
+    for b, length in enumerate(np.asarray(seq_lens)):
+        length = int(length)
+        o[b:b + 1], lse[b:b + 1] = sdpa(
+            q[b:b + 1], np.asarray(k_cache)[b:b + 1, :, :length], np.asarray(v_cache)[b:b + 1, :, :length],
+            causal=True, causal_align="bottom_right", window=window, scale=scale, softcap=softcap,
+            sinks=sinks)
+    return o, lse
+
+
+def gather_pages(pool, block_table, capacity: int, layout: str = "HND"):
+    """The contiguous [B, Hkv, capacity, D] cache a paged pool holds for each block-table row
+    (capacity = max_pages * page_size)."""
+    pool = np.asarray(pool)
+    if layout == "NHD":
+        pool = pool.transpose(0, 2, 1, 3)
+    pages = pool[np.asarray(block_table)]                    # [B, max_pages, Hkv, ps, D]
+    batch, max_pages, hkv, page_size, dim = pages.shape
+    cache = pages.transpose(0, 2, 1, 3, 4).reshape(batch, hkv, max_pages * page_size, dim)
+    return cache[:, :, :capacity]
+
+
+def paged_decode(q, k_pool, v_pool, block_table, seq_lens, *, layout="HND", **options):
+    """decode() over the pages each row's block table names; layout is "HND" / "NHD" or a
+    (k_layout, v_layout) pair."""
+    k_layout, v_layout = (layout, layout) if isinstance(layout, str) else layout
+    capacity = np.asarray(block_table).shape[1] * np.asarray(k_pool).shape[2 if k_layout == "HND" else 1]
+    k_cache = gather_pages(k_pool, block_table, capacity, k_layout)
+    v_cache = gather_pages(v_pool, block_table, capacity, v_layout)
+    return decode(q, k_cache, v_cache, seq_lens, **options)
+
+
+def kv_append(k_new, v_new, k_cache, v_cache, seq_lens):
+    """New caches and lengths after writing k_new/v_new [B, Hkv, n, D] at each row's length.
+    A row that would pass the capacity is left unwritten (and keeps its length)."""
+    k_cache, v_cache = np.array(k_cache), np.array(v_cache)
+    lens = np.array(seq_lens)
+    n = np.asarray(k_new).shape[2]
+    for b, start in enumerate(np.asarray(seq_lens)):
+        if 0 <= start <= k_cache.shape[2] - n:
+            k_cache[b, :, start:start + n] = np.asarray(k_new)[b]
+            v_cache[b, :, start:start + n] = np.asarray(v_new)[b]
+            lens[b] = start + n
+    return k_cache, v_cache, lens
+
+
+def paged_kv_append(k_new, v_new, k_pool, v_pool, slot_mapping, *, layout="HND"):
+    """New pools after writing token r of k_new/v_new [T, Hkv, D] to slot_mapping[r]
+    (page * page_size + offset; negative = skip, a page outside the pool = skip)."""
+    k_layout, v_layout = (layout, layout) if isinstance(layout, str) else layout
+    pools = []
+    for new, pool, lay in ((k_new, k_pool, k_layout), (v_new, v_pool, v_layout)):
+        pool = np.array(pool)
+        page_size = pool.shape[2 if lay == "HND" else 1]
+        for r, slot in enumerate(np.asarray(slot_mapping)):
+            page, offset = divmod(int(slot), page_size)
+            if slot < 0 or page >= pool.shape[0]:
+                continue
+            if lay == "HND":
+                pool[page, :, offset] = np.asarray(new)[r]
+            else:
+                pool[page, offset] = np.asarray(new)[r]
+        pools.append(pool)
+    return tuple(pools)
+
+
+def merge_states(o_states, lse_states, sinks=None):
+    """Attention over the union of disjoint key sets from each set's (o [..., H, S, D],
+    lse [..., H, S]): lse = log sum exp(lse_i), o = sum exp(lse_i - lse) o_i; sinks [H]
+    join the denominator only (lse excludes them). No key at all: o = 0, lse = -inf."""
+    lse_i = np.stack([np.asarray(x, dtype=np.float64) for x in lse_states])
+    o_i = np.stack([np.asarray(x, dtype=np.float64) for x in o_states])
+    top = lse_i.max(axis=0)
+    shift = np.where(top == -np.inf, 0.0, top)
+    weights = np.exp(lse_i - shift)                           # 0 for -inf states
+    total = weights.sum(axis=0)
+    live = total > 0
+    with np.errstate(divide="ignore"):
+        lse = np.where(live, np.log(np.where(live, total, 1.0)) + shift, -np.inf)
+    w = np.where(live, weights / np.where(live, total, 1.0), 0.0)
+    o = np.einsum("n...,n...d->...d", w, np.where(w[..., None] > 0, o_i, 0.0))
+    if sinks is not None:
+        sink = np.asarray(sinks, dtype=np.float64).reshape(-1, 1)
+        o = o * np.where(live, 1.0 / (1.0 + np.exp(sink - np.where(live, lse, 0.0))), 0.0)[..., None]
+    return o, lse
+
+# ==== end decode / kv cache / merge ============================================

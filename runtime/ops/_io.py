@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..array import DeviceArray, asarray, empty, from_dlpack, is_device_array_like
-from ..context import default_device
+from ..context import default_device, on_device
 from ..device import Device
 from ..stream import Stream, as_stream
 
@@ -39,7 +39,9 @@ class OpCall:
         arr = self.arrays[name]
         if isinstance(arr, DeviceArray):
             return arr
-        if self.stream.is_capturing():
+        with on_device(self.device):  # the capture query needs a current context
+            capturing = self.stream.is_capturing()
+        if capturing:
             raise RuntimeError(
                 f"{self.op}: {name} is a NumPy array but the stream is capturing a graph; "
                 f"a captured step takes device arrays (ptxattn.asarray before capture)"

@@ -1,0 +1,289 @@
+"""`ptxattn.sdpa`: scaled dot-product attention (cu/flash_fwd.cu).
+
+validate (host only) -> plan (variant, grid, shared memory) -> bind the parameter struct
+-> launch. Semantics: runtime/reference.py `sdpa` is their definition.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..array import DeviceArray, empty
+from ..context import on_device
+from ..dtypes import bfloat16
+from ..module import ParamStruct, get_kernel
+from ._io import gather
+
+__all__ = ["sdpa"]
+
+_FLOAT_DTYPES = (np.dtype(np.float16), bfloat16, np.dtype(np.float32))
+_DTYPE_NAME = {np.dtype(np.float16): "f16", bfloat16: "bf16", np.dtype(np.float32): "f32"}
+# MaskKind in cu/attention_common.cuh.
+_MASK_KIND = {np.dtype(np.bool_): 1, np.dtype(np.float32): 2, np.dtype(np.float16): 3, bfloat16: 4}
+_UNBOUNDED = 1 << 30  # kUnboundedWindow in cu/attention_common.cuh
+_MAX_HEAD_DIM = 256
+_MAX_GRID_YZ = 65535
+_F32_WARPS = 4  # F32_WARPS in cu/flash_fwd.cu
+
+
+@dataclass(frozen=True)
+class _Tile:
+    """One tensor-core variant of cu/flash_fwd.cu (its FLASH_FWD_TC_DTYPES table)."""
+    suffix: str
+    dim_qk: int
+    dim_v: int
+    warps: int
+    keys: int  # keys per K/V tile
+    stages: int
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.warps
+
+    @property
+    def shared_bytes(self) -> int:
+        return 2 * (self.rows * self.dim_qk + self.stages * self.keys * (self.dim_qk + self.dim_v))
+
+
+# Smallest first: a head dim runs on the first tile that holds it (zero-padded).
+_TILES = (
+    _Tile("d64", 64, 64, 8, 64, 3),
+    _Tile("d128", 128, 128, 8, 64, 2),
+    _Tile("d192_128", 192, 128, 8, 32, 2),
+    _Tile("d256", 256, 256, 4, 32, 2),
+)
+
+
+class _FlashFwdParams(ParamStruct):
+    """Mirror of FlashFwdParams in cu/flash_fwd.cu: same fields, same order."""
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("mask", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p),
+        ("q_batch_stride", ctypes.c_int64), ("q_head_stride", ctypes.c_int64), ("q_seq_stride", ctypes.c_int64),
+        ("k_batch_stride", ctypes.c_int64), ("k_head_stride", ctypes.c_int64), ("k_seq_stride", ctypes.c_int64),
+        ("v_batch_stride", ctypes.c_int64), ("v_head_stride", ctypes.c_int64), ("v_seq_stride", ctypes.c_int64),
+        ("o_batch_stride", ctypes.c_int64), ("o_head_stride", ctypes.c_int64), ("o_seq_stride", ctypes.c_int64),
+        ("mask_batch_stride", ctypes.c_int64), ("mask_head_stride", ctypes.c_int64),
+        ("mask_query_stride", ctypes.c_int64), ("mask_key_stride", ctypes.c_int64),
+        ("heads_q", ctypes.c_int32), ("heads_kv", ctypes.c_int32), ("seq_q", ctypes.c_int32),
+        ("seq_kv", ctypes.c_int32), ("dim_qk", ctypes.c_int32), ("dim_v", ctypes.c_int32),
+        ("mask_kind", ctypes.c_int32), ("diag_offset", ctypes.c_int32),
+        ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32),
+        ("scale", ctypes.c_float), ("softcap", ctypes.c_float),
+        ("vector_io", ctypes.c_int32), ("heavy_first", ctypes.c_int32),
+    ]
+
+
+# ---- validation (host only, before any device work) ---------------------------------
+def _element_strides(arr) -> tuple[int, ...]:
+    if isinstance(arr, DeviceArray):
+        return arr.element_strides
+    return tuple(s // arr.itemsize for s in arr.strides)
+
+
+def _check_tensor(name: str, arr, dims: str) -> None:
+    if arr.ndim != 4:
+        raise ValueError(f"sdpa: {name} must be 4-d {dims}, got shape {tuple(arr.shape)}")
+    if np.dtype(arr.dtype) not in _FLOAT_DTYPES:
+        raise TypeError(f"sdpa: {name} must be float16, bfloat16 or float32, got {arr.dtype}")
+    if isinstance(arr, DeviceArray):
+        strides = arr.element_strides
+        if arr.shape[3] > 1 and strides[3] != 1:
+            raise ValueError(f"sdpa: {name} must have a unit stride on its last axis, got element strides {strides}")
+        if any(s < 0 for s in strides):
+            raise ValueError(f"sdpa: {name} must have non-negative strides, got element strides {strides}")
+
+
+def _check_mask(mask, full: tuple[int, int, int, int]) -> None:
+    if np.dtype(mask.dtype) not in _MASK_KIND:
+        raise TypeError(f"sdpa: attn_mask must be bool, float32, float16 or bfloat16, got {mask.dtype}")
+    if mask.ndim > 4:
+        raise ValueError(f"sdpa: attn_mask must have rank <= 4, got shape {tuple(mask.shape)}")
+    for got, want in zip(reversed(mask.shape), reversed(full)):
+        if got not in (1, want):
+            raise ValueError(
+                f"sdpa: attn_mask of shape {tuple(mask.shape)} does not broadcast to [B, Hq, Sq, Skv] = {full}"
+            )
+    if isinstance(mask, DeviceArray) and any(s < 0 for s in mask.element_strides):
+        raise ValueError(f"sdpa: attn_mask must have non-negative strides, got element strides {mask.element_strides}")
+
+
+def _window_bounds(causal: bool, window) -> tuple[int, int]:
+    """(left, right) in keys for the kernel, _UNBOUNDED meaning no limit."""
+    left = right = _UNBOUNDED
+    if window is not None:
+        if (not isinstance(window, (tuple, list)) or len(window) != 2
+                or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in window)):
+            raise TypeError(f"sdpa: window must be a pair of ints (left, right), got {window!r}")
+        if any(w < -1 for w in window):
+            raise ValueError(f"sdpa: window entries must be >= 0, or -1 for unbounded, got {tuple(window)}")
+        left, right = (_UNBOUNDED if w < 0 else min(int(w), _UNBOUNDED) for w in window)
+    if causal:
+        right = 0
+    return left, right
+
+
+def _check_options(causal, causal_align, scale, softcap, return_lse) -> None:
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"sdpa: causal must be a bool, got {causal!r}")
+    if causal_align not in ("top_left", "bottom_right"):
+        raise ValueError(f"sdpa: causal_align must be 'top_left' or 'bottom_right', got {causal_align!r}")
+    if scale is not None and not (isinstance(scale, (int, float, np.floating, np.integer)) and math.isfinite(scale)):
+        raise ValueError(f"sdpa: scale must be a finite number or None, got {scale!r}")
+    if not (isinstance(softcap, (int, float, np.floating, np.integer)) and math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"sdpa: softcap must be a finite number >= 0 (0 = off), got {softcap!r}")
+    if not isinstance(return_lse, (bool, np.bool_)):
+        raise TypeError(f"sdpa: return_lse must be a bool, got {return_lse!r}")
+
+
+def _validate(call, causal, causal_align, window, scale, softcap, return_lse):
+    a = call.arrays
+    q, k, v = a["q"], a["k"], a["v"]
+    _check_tensor("q", q, "[B, Hq, Sq, Dqk]")
+    _check_tensor("k", k, "[B, Hkv, Skv, Dqk]")
+    _check_tensor("v", v, "[B, Hkv, Skv, Dv]")
+    batch, hq, sq, dqk = q.shape
+    _, hkv, skv, _ = k.shape
+    dv = v.shape[3]
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"sdpa: q, k and v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+    if k.shape[0] != batch or k.shape[3] != dqk:
+        raise ValueError(f"sdpa: k must be [B={batch}, Hkv, Skv, Dqk={dqk}], got {tuple(k.shape)}")
+    if tuple(v.shape[:3]) != tuple(k.shape[:3]):
+        raise ValueError(f"sdpa: v must be [B, Hkv, Skv, Dv] = [{batch}, {hkv}, {skv}, Dv], got {tuple(v.shape)}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"sdpa: Hq must be a multiple of Hkv, got Hq={hq} (q) and Hkv={hkv} (k, v)")
+    for name, dim in (("Dqk", dqk), ("Dv", dv)):
+        if not 1 <= dim <= _MAX_HEAD_DIM:
+            raise ValueError(f"sdpa: head dim {name} must be in 1..{_MAX_HEAD_DIM}, got {dim}")
+    if batch > _MAX_GRID_YZ or hq > _MAX_GRID_YZ:
+        raise ValueError(f"sdpa: B and Hq must each be <= {_MAX_GRID_YZ}, got B={batch}, Hq={hq}")
+    if max(sq, skv) >= 2**31 - _UNBOUNDED:
+        raise ValueError(f"sdpa: Sq and Skv must be < {2**31 - _UNBOUNDED}, got Sq={sq}, Skv={skv}")
+    _check_options(causal, causal_align, scale, softcap, return_lse)
+    left, right = _window_bounds(causal, window)
+    if "attn_mask" in a:
+        _check_mask(a["attn_mask"], (batch, hq, sq, skv))
+    if "sinks" in a:
+        s = a["sinks"]
+        if tuple(s.shape) != (hq,) or np.dtype(s.dtype) != np.float32:
+            raise ValueError(f"sdpa: sinks must be float32 [Hq={hq}], got {s.dtype} {tuple(s.shape)}")
+        if isinstance(s, DeviceArray) and hq > 1 and s.element_strides[0] != 1:
+            raise ValueError(f"sdpa: sinks must be contiguous, got element strides {s.element_strides}")
+    if "out" in a:
+        o = a["out"]
+        if tuple(o.shape) != (batch, hq, sq, dv) or o.dtype != q.dtype:
+            raise ValueError(f"sdpa: out must be {q.dtype} [B, Hq, Sq, Dv] = {(batch, hq, sq, dv)}, "
+                             f"got {o.dtype} {tuple(o.shape)}")
+        _check_tensor("out", o, "[B, Hq, Sq, Dv]")
+    return left, right
+
+
+# ---- planning ----------------------------------------------------------------------
+def _pick_tile(dqk: int, dv: int) -> _Tile:
+    return next(t for t in _TILES if dqk <= t.dim_qk and dv <= t.dim_v)
+
+
+def _plan(dtype, batch, hq, sq, dqk, dv):
+    """(kernel name, grid, block, shared bytes) for one call."""
+    if dtype == np.float32:
+        k_pitch = dqk | 1
+        shared = 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk)
+        return "flash_fwd_f32", (-(-sq // _F32_WARPS), hq, batch), (32 * _F32_WARPS, 1, 1), shared
+    tile = _pick_tile(dqk, dv)
+    name = f"flash_fwd_{_DTYPE_NAME[dtype]}_{tile.suffix}"
+    return name, (-(-sq // tile.rows), hq, batch), (32 * tile.warps, 1, 1), tile.shared_bytes
+
+
+def _vector_io_ok(*arrays: DeviceArray) -> bool:
+    """16-byte cp.async/stores are safe: bases aligned and every row start on 8 elements."""
+    for arr in arrays:
+        if arr.ptr % 16:
+            return False
+        if any(n > 1 and s % 8 for n, s in zip(arr.shape[:3], arr.element_strides[:3])):
+            return False
+    return True
+
+
+def _mask_strides(mask: DeviceArray) -> tuple[int, int, int, int]:
+    """Element strides of the mask broadcast to [B, Hq, Sq, Skv] (0 on broadcast axes)."""
+    pad = 4 - mask.ndim
+    strides = [0] * pad + [s if n != 1 else 0 for n, s in zip(mask.shape, mask.element_strides)]
+    return tuple(strides)
+
+
+def _bind(q, k, v, o, lse, mask, sinks, *, scale, softcap, diag_offset, left, right) -> _FlashFwdParams:
+    p = _FlashFwdParams()
+    p.q, p.k, p.v, p.o = q.ptr, k.ptr, v.ptr, o.ptr
+    p.lse = lse.ptr if lse is not None else None
+    p.sinks = sinks.ptr if sinks is not None else None
+    for name, arr in (("q", q), ("k", k), ("v", v), ("o", o)):
+        b, h, s, _ = arr.element_strides
+        setattr(p, f"{name}_batch_stride", b)
+        setattr(p, f"{name}_head_stride", h)
+        setattr(p, f"{name}_seq_stride", s)
+    if mask is not None:
+        p.mask = mask.ptr
+        p.mask_kind = _MASK_KIND[np.dtype(mask.dtype)]
+        (p.mask_batch_stride, p.mask_head_stride, p.mask_query_stride,
+         p.mask_key_stride) = _mask_strides(mask)
+    p.heads_q, p.seq_q, p.dim_qk = q.shape[1], q.shape[2], q.shape[3]
+    p.heads_kv, p.seq_kv, p.dim_v = k.shape[1], k.shape[2], v.shape[3]
+    p.diag_offset, p.window_left, p.window_right = diag_offset, left, right
+    p.scale, p.softcap = scale, softcap
+    p.vector_io = int(q.dtype != np.float32 and _vector_io_ok(q, k, v, o))
+    # A bounded right edge means later query blocks see more keys: start them first.
+    p.heavy_first = int(right < _UNBOUNDED)
+    return p
+
+
+def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", window=None,
+         scale=None, softcap=0.0, sinks=None, return_lse=False, out=None, stream=None):
+    """Scaled dot-product attention.
+
+    q [B, Hq, Sq, Dqk], k [B, Hkv, Skv, Dqk], v [B, Hkv, Skv, Dv] (f16, bf16 or f32; any
+    strides with a unit last axis) -> o [B, Hq, Sq, Dv] in q's dtype, and with
+    return_lse=True also lse [B, Hq, Sq] float32 (natural log; -inf for a row that sees no
+    key). NumPy in -> NumPy out (synchronous); device arrays in -> DeviceArrays out,
+    asynchronous on `stream`.
+
+    attn_mask: bool (True = attend) or additive float32/float16/bfloat16, any rank <= 4
+    broadcastable to [B, Hq, Sq, Skv]. causal with causal_align "top_left" (PyTorch) or
+    "bottom_right" (FlashAttention); window=(left, right) keys around the aligned diagonal
+    (-1 = unbounded). scale defaults to 1/sqrt(Dqk); softcap applies cap*tanh(s/cap) to
+    scaled scores (0 = off); sinks float32 [Hq] join the softmax denominator only.
+    """
+    call = gather("sdpa", stream, q=q, k=k, v=v, attn_mask=attn_mask, sinks=sinks, out=out)
+    left, right = _validate(call, causal, causal_align, window, scale, softcap, return_lse)
+    a = call.arrays
+    batch, hq, sq, dqk = a["q"].shape
+    skv, dv = a["k"].shape[2], a["v"].shape[3]
+    dtype = np.dtype(a["q"].dtype)
+    scale = 1.0 / math.sqrt(dqk) if scale is None else float(scale)
+
+    with on_device(call.device):
+        o = call.output((batch, hq, sq, dv), dtype, out)
+        lse = empty((batch, hq, sq), np.float32, call.device) if return_lse else None
+        if o.size:
+            name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv)
+            if shared > call.device.max_shared_per_block_optin:
+                raise RuntimeError(
+                    f"sdpa: {name} needs {shared} bytes of shared memory per block, "
+                    f"{call.device.name} offers {call.device.max_shared_per_block_optin}"
+                )
+            params = _bind(
+                call.to_device("q"), call.to_device("k"), call.to_device("v"), o, lse,
+                call.to_device("attn_mask") if "attn_mask" in a else None,
+                call.to_device("sinks") if "sinks" in a else None,
+                scale=scale, softcap=float(softcap), left=left, right=right,
+                diag_offset=skv - sq if causal_align == "bottom_right" else 0,
+            )
+            get_kernel(name, call.device).launch(grid, block, params, call.stream, shared)
+        o_result = call.finish(o, out)
+        if lse is None:
+            return o_result
+        return o_result, call.finish(lse)

@@ -1,0 +1,315 @@
+"""decode: attention of a few new queries (Sq 1..16) against a fixed-capacity KV cache whose
+live lengths live on the device (split-KV; kernels in cu/decode.cu, combine in cu/merge.cu).
+paged_decode (ops/paged.py) runs the same kernel through a block table.
+
+The split geometry comes from the capacity, batch, heads and the SM count only, never from
+live lengths: eager and graph-replayed steps launch the same grid and give the same bits.
+`plan_decode` is the one planning function; `decode_workspace_bytes` reports its workspace so
+it can be reserved before capture.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..array import DeviceArray, from_dlpack
+from ..context import default_device, on_device
+from ..faults import check_faults, fault_buffer
+from ..memory import ALIGNMENT, WorkspaceLayout, arena_for
+from ..module import ParamStruct, get_kernel
+from ._io import OpCall, gather
+from .kv_cache import (ATTENTION_DTYPES, CacheShape, cache_shape, cache_strides, check_attention_dtype,
+                       check_index_array, check_rank, check_row_bytes, check_same_dtype, parse_layout)
+from .merge import check_sinks, launch_merge, sinks_on_device
+
+__all__ = ["decode", "decode_workspace_bytes", "plan_decode", "DecodePlan"]
+
+KEYS_PER_TILE = 64       # kKeysPerTile in cu/decode.cu
+THREADS = 128            # kThreads
+WARPS = THREADS // 32
+D_TILES = (64, 128, 256)  # the decode_split_<dt>_d<D> variants (float32 stops at 128)
+MAX_SQ = 16
+MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
+CTAS_PER_SM = 16          # grid target: several waves, so ragged live lengths still balance
+MAX_STAGES = 3
+
+
+class DecodeParams(ParamStruct):
+    """Mirror of DecodeParams in cu/decode.cu (same fields, same order)."""
+
+    _fields_ = [
+        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+        ("seq_lens", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
+        ("o_part", ctypes.c_void_p), ("lse_part", ctypes.c_void_p), ("fault", ctypes.c_void_p),
+        ("q_stride_b", ctypes.c_int64), ("q_stride_h", ctypes.c_int64), ("q_stride_s", ctypes.c_int64),
+        ("k_stride_page", ctypes.c_int64), ("k_stride_head", ctypes.c_int64), ("k_stride_tok", ctypes.c_int64),
+        ("v_stride_page", ctypes.c_int64), ("v_stride_head", ctypes.c_int64), ("v_stride_tok", ctypes.c_int64),
+        ("block_table_stride", ctypes.c_int64),
+        ("hq", ctypes.c_int32), ("hkv", ctypes.c_int32), ("sq", ctypes.c_int32),
+        ("dqk", ctypes.c_int32), ("dv", ctypes.c_int32), ("capacity", ctypes.c_int32),
+        ("num_pages", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
+        ("num_splits", ctypes.c_int32), ("keys_per_split", ctypes.c_int32),
+        ("warps_m", ctypes.c_int32), ("stages", ctypes.c_int32), ("window_left", ctypes.c_int32),
+        ("scale", ctypes.c_float), ("softcap", ctypes.c_float),
+    ]
+
+
+UNBOUNDED_WINDOW = 1 << 30  # kUnboundedWindow in cu/attention_common.cuh
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    kernel: str
+    grid: tuple[int, int, int]
+    shared_bytes: int
+    stages: int
+    warps_m: int
+    num_splits: int
+    keys_per_split: int
+    workspace: WorkspaceLayout
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.workspace.nbytes
+
+
+def d_tile_for(dtype, dqk: int, dv: int) -> int | None:
+    tiles = D_TILES if np.dtype(dtype).itemsize == 2 else D_TILES[:2]
+    return next((d for d in tiles if d >= max(dqk, dv)), None)
+
+
+def shared_bytes(d_tile: int, itemsize: int, warps_m: int, stages: int) -> int:
+    ring = (16 * warps_m + stages * 2 * KEYS_PER_TILE) * d_tile * itemsize
+    merge = (2 + d_tile) * 16 * WARPS * 4
+    return max(ring, merge)
+
+
+def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, capacity: int, dtype,
+                sm_count: int, max_shared: int, stages: int | None = None) -> DecodePlan:
+    """Grid, split geometry, shared memory and workspace of one decode launch (validated
+    shapes). Depends on no live length. `stages` overrides the ring depth (benchmarks)."""
+    dtype = np.dtype(dtype)
+    d_tile = d_tile_for(dtype, dqk, dv)
+    rows = hq // hkv * sq  # query rows sharing one kv head
+    warps_m = 1 if rows <= 16 else 2 if rows <= 32 else 4
+    row_blocks = _ceil_div(rows, 16 * warps_m)
+    ctas_per_split = batch * hkv * row_blocks
+    splits = min(_ceil_div(CTAS_PER_SM * sm_count, ctas_per_split), _ceil_div(capacity, MIN_KEYS_PER_SPLIT))
+    splits = max(splits, 1)
+    keys_per_split = _ceil_div(_ceil_div(capacity, splits), KEYS_PER_TILE) * KEYS_PER_TILE
+    splits = _ceil_div(capacity, keys_per_split)
+    if stages is None:
+        stages = next((s for s in range(MAX_STAGES, 1, -1)
+                       if shared_bytes(d_tile, dtype.itemsize, warps_m, s) <= max_shared), 2)
+    smem = shared_bytes(d_tile, dtype.itemsize, warps_m, stages)
+    if smem > max_shared:
+        raise ValueError(f"decode: head dim {max(dqk, dv)} in {dtype} needs {smem} bytes of shared memory per "
+                         f"block, the device allows {max_shared}")
+    partials = batch * hq * sq * splits
+    return DecodePlan(
+        kernel=f"decode_split_{ATTENTION_DTYPES[dtype]}_d{d_tile}",
+        grid=(splits, hkv * row_blocks, batch),
+        shared_bytes=smem,
+        stages=stages,
+        warps_m=warps_m,
+        num_splits=splits,
+        keys_per_split=keys_per_split,
+        workspace=WorkspaceLayout(o_part=partials * dv * 4, lse_part=partials * 4),
+    )
+
+
+# ---- validation shared by decode and paged_decode ----------------------------------------------
+@dataclass(frozen=True)
+class DecodeOptions:
+    scale: float
+    softcap: float
+    window_left: int
+
+
+def check_options(op: str, q, *, scale, softcap, window) -> DecodeOptions:
+    dqk = q.shape[3]
+    if scale is None:
+        scale = 1.0 / math.sqrt(dqk)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) or not math.isfinite(scale):
+        raise ValueError(f"{op}: scale must be a finite number or None, got {scale!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"{op}: softcap must be a finite number >= 0 (0 = off), got {softcap!r}")
+    left = UNBOUNDED_WINDOW
+    if window is not None:
+        ok = isinstance(window, (tuple, list)) and len(window) == 2 and all(
+            w is None or (isinstance(w, (int, np.integer)) and not isinstance(w, bool) and w >= -1) for w in window)
+        if not ok:
+            raise ValueError(f"{op}: window must be None or (left, right) with ints >= -1 (-1 or None = "
+                             f"unbounded), got {window!r}")
+        if window[0] is not None and 0 <= window[0] < UNBOUNDED_WINDOW:
+            left = int(window[0])
+    return DecodeOptions(float(scale), float(softcap), left)
+
+
+def check_query(op: str, q, k: CacheShape, v: CacheShape) -> None:
+    """q [B, Hq, Sq, Dqk] against K / V caches of Hkv heads (validated shapes)."""
+    check_rank(op, "q", q, 4, "[B, Hq, Sq, Dqk]")
+    check_attention_dtype(op, "q", q)
+    _, hq, sq, dqk = (int(n) for n in q.shape)
+    if not 1 <= sq <= MAX_SQ:
+        raise ValueError(f"{op}: q's Sq (axis 2) must be in [1, {MAX_SQ}] (decode steps), got {sq}")
+    if k.heads != v.heads:
+        raise ValueError(f"{op}: K and V must have one number of kv heads, got {k.heads} and {v.heads}")
+    if k.heads == 0 or hq % k.heads:
+        raise ValueError(f"{op}: q's Hq ({hq}) must be a multiple of the caches' Hkv ({k.heads})")
+    if dqk != k.dim:
+        raise ValueError(f"{op}: q's Dqk ({dqk}) must equal the key cache's D ({k.dim})")
+    if d_tile_for(q.dtype, dqk, v.dim) is None:
+        top = D_TILES[-1] if np.dtype(q.dtype).itemsize == 2 else D_TILES[-2]
+        raise ValueError(f"{op}: head dims up to {top} are supported for {q.dtype}, got Dqk={dqk}, Dv={v.dim}")
+    check_row_bytes(op, "q", q)
+
+
+def check_out(op: str, out, out_lse, shape, dtype) -> None:
+    """The caller's outputs: out [B, Hq, Sq, Dv] in q's dtype, out_lse [B, Hq, Sq] float32."""
+    for name, arr, want_shape, want_dtype in (("out", out, shape, dtype), ("out_lse", out_lse, shape[:3], np.float32)):
+        if arr is None:
+            continue
+        if tuple(arr.shape) != tuple(want_shape) or np.dtype(arr.dtype) != np.dtype(want_dtype):
+            raise ValueError(f"{op}: {name} must be {tuple(want_shape)} {np.dtype(want_dtype)}, "
+                             f"got {tuple(arr.shape)} {arr.dtype}")
+    if isinstance(out, DeviceArray) and out.shape[-1] > 1 and out.strides[-1] != out.itemsize:
+        raise ValueError(f"{op}: out must have a contiguous last axis, got strides {out.strides}")
+
+
+def resolve_workspace(op: str, workspace, need: int):
+    """The caller's workspace as a DeviceArray after checking it, or None (use the arena)."""
+    if workspace is None:
+        return None
+    ws = workspace if isinstance(workspace, DeviceArray) else from_dlpack(workspace)
+    if ws.nbytes < need or not ws.is_contiguous or ws.ptr % ALIGNMENT:
+        raise ValueError(f"{op}: workspace must be a contiguous device array of at least {need:,} bytes starting "
+                         f"on a {ALIGNMENT}-byte boundary (see {op}_workspace_bytes), got {ws.nbytes:,} bytes "
+                         f"at 0x{ws.ptr:x}")
+    return ws
+
+
+# ---- running ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class KvSource:
+    """The caches one decode reads, on the device."""
+
+    k: DeviceArray
+    v: DeviceArray
+    k_layout: str
+    v_layout: str
+    seq_lens: DeviceArray
+    block_table: DeviceArray | None  # None: contiguous cache, one page per batch row
+    heads: int
+    capacity: int
+    num_pages: int
+    page_size: int
+
+
+def plan_for(call_device, q, k: CacheShape, v: CacheShape, capacity: int, stages: int | None = None) -> DecodePlan:
+    batch, hq, sq, dqk = (int(n) for n in q.shape)
+    return plan_decode(batch=batch, hq=hq, hkv=k.heads, sq=sq, dqk=dqk, dv=v.dim, capacity=capacity,
+                       dtype=q.dtype, sm_count=call_device.sm_count,
+                       max_shared=call_device.max_shared_per_block_optin, stages=stages)
+
+
+def run_decode(op: str, call: OpCall, plan: DecodePlan, src: KvSource, options: DecodeOptions, *, out, out_lse,
+               return_lse: bool, workspace: DeviceArray | None):
+    """Launch the split kernel and the combine; return what decode returns."""
+    q = call.to_device("q")
+    batch, hq, sq, dqk = q.shape
+    dv = src.v.shape[3]
+    o = call.output((batch, hq, sq, dv), q.dtype, out, name="out")
+    lse = call.output((batch, hq, sq), np.float32, out_lse, name="out_lse") if (return_lse or out_lse is not None) else None
+    sinks = sinks_on_device(call)
+    with on_device(call.device):
+        base = workspace.ptr if workspace is not None else arena_for(call.device, call.stream).reserve(plan.workspace_bytes)
+        o_part, lse_part = plan.workspace.address(base, "o_part"), plan.workspace.address(base, "lse_part")
+        bt = src.block_table
+        params = DecodeParams(
+            q.ptr, src.k.ptr, src.v.ptr, src.seq_lens.ptr, bt.ptr if bt is not None else None,
+            o_part, lse_part, fault_buffer(call.device),
+            *q.element_strides[:3], *cache_strides(src.k, src.k_layout), *cache_strides(src.v, src.v_layout),
+            bt.element_strides[0] if bt is not None else 0,
+            hq, src.heads, sq, dqk, dv, src.capacity,
+            src.num_pages, src.page_size.bit_length() - 1, plan.num_splits, plan.keys_per_split,
+            plan.warps_m, plan.stages, options.window_left, options.scale, options.softcap,
+        )
+        get_kernel(plan.kernel, call.device).launch(plan.grid, (THREADS, 1, 1), params, call.stream,
+                                                    shared_bytes=plan.shared_bytes)
+        splits = plan.num_splits
+        launch_merge(call.device, call.stream, in_dtype=np.float32, out_dtype=q.dtype, o_in=o_part,
+                     o_in_strides=(dv, hq * sq * splits * dv, sq * splits * dv, splits * dv), lse_in=lse_part,
+                     lse_in_strides=(1, hq * sq * splits, sq * splits, splits), sinks=sinks, o_out=o,
+                     lse_out=lse, num_states=splits)
+    result = call.finish(o, out)
+    lse_result = call.finish(lse, out_lse) if lse is not None else None
+    if call.on_host:
+        check_faults(call.device, call.stream)
+    return (result, lse_result) if return_lse else result
+
+
+def _validate(op: str, arrays: dict, layout, *, scale, softcap, window):
+    k_layout, v_layout = parse_layout(op, layout)
+    k = cache_shape(op, "k_cache", arrays["k_cache"], k_layout)
+    v = cache_shape(op, "v_cache", arrays["v_cache"], v_layout)
+    q = arrays["q"]
+    check_query(op, q, k, v)
+    batch = q.shape[0]
+    for name, shape in (("k_cache", k), ("v_cache", v)):
+        if shape.pages != batch:
+            raise ValueError(f"{op}: {name} must hold B={batch} rows (q's batch), got {shape.pages}")
+        check_same_dtype(op, name, arrays[name], "q", q)
+        check_row_bytes(op, name, arrays[name])
+    if k.tokens != v.tokens or k.tokens == 0:
+        raise ValueError(f"{op}: k_cache and v_cache must have one positive capacity, got {k.tokens} and {v.tokens}")
+    options = check_options(op, q, scale=scale, softcap=softcap, window=window)
+    return k_layout, v_layout, k, v, options
+
+
+def decode_workspace_bytes(q, k_cache, v_cache, *, layout="HND", device=None) -> int:
+    """Workspace bytes decode() needs for these shapes (anything with .shape and .dtype) on
+    `device` (default: the current one). Reserve it before capturing a graph."""
+    arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    _, _, k, v, _ = _validate("decode", arrays, layout, scale=None, softcap=0.0, window=None)
+    return plan_for(device or default_device(), q, k, v, k.tokens).workspace_bytes
+
+
+def decode(q, k_cache, v_cache, seq_lens, *, layout="HND", scale=None, softcap=0.0, window=None, sinks=None,
+           return_lse: bool = False, out=None, out_lse=None, workspace=None, stream=None):
+    """Attention of q [B, Hq, Sq, Dqk] (Sq 1..16) against each row's first seq_lens[b] cached
+    keys, bottom-right causal: query t sees keys < seq_lens[b] - Sq + 1 + t.
+
+    k_cache [B, Hkv, capacity, Dqk] / v_cache [B, Hkv, capacity, Dv] for layout "HND",
+    [B, capacity, Hkv, D] for "NHD" (or a (k_layout, v_layout) pair); float16, bfloat16 or
+    float32 like q; Hq a multiple of Hkv (GQA), head dims multiples of 16 bytes up to 256
+    (128 for float32). seq_lens: int32 [B] on the device; slots past them are never read.
+    scale (default 1/sqrt(Dqk)), softcap (0 = off), window (left, right) and sinks [Hq] as in
+    sdpa. Returns o [B, Hq, Sq, Dv] in q's dtype, and with return_lse also lse [B, Hq, Sq]
+    float32 (natural log, -inf for a row with no key). A row with seq_lens[b] == 0 gives zeros.
+    out / out_lse: preallocated outputs; workspace: a device array of at least
+    decode_workspace_bytes(...) bytes (else the stream's arena is used). A length outside
+    [0, capacity] is reported as a DeviceFault after synchronization.
+    """
+    op = "decode"
+    call = gather(op, stream, q=q, k_cache=k_cache, v_cache=v_cache, seq_lens=seq_lens, sinks=sinks,
+                  out=out, out_lse=out_lse)
+    a = call.arrays
+    k_layout, v_layout, k, v, options = _validate(op, a, layout, scale=scale, softcap=softcap, window=window)
+    batch, hq, sq, _ = a["q"].shape
+    check_index_array(op, "seq_lens", a["seq_lens"], (batch,))
+    check_sinks(op, a.get("sinks"), hq)
+    check_out(op, a.get("out"), a.get("out_lse"), (batch, hq, sq, v.dim), a["q"].dtype)
+    plan = plan_for(call.device, a["q"], k, v, k.tokens)
+    ws = resolve_workspace(op, workspace, plan.workspace_bytes)
+    src = KvSource(call.to_device("k_cache"), call.to_device("v_cache"), k_layout, v_layout,
+                   call.to_device("seq_lens"), None, k.heads, k.tokens, batch, 1)
+    return run_decode(op, call, plan, src, options, out=out, out_lse=out_lse, return_lse=return_lse, workspace=ws)

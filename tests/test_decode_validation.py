@@ -1,0 +1,307 @@
+"""Every bad argument of decode, paged_decode, kv_append, paged_kv_append and merge_states is
+refused with an error naming it, before any device work. The device arrays here point at no
+memory and the device is fake: validation must not touch either."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ptxattn
+from ptxattn import DeviceArray, Device
+
+FAKE_DEVICE = Device(ordinal=0, name="validation-only", compute_capability=(9, 0), sm_count=132,
+                     total_memory=0, max_shared_per_block_optin=232448, l2_bytes=0)
+BF16 = ptxattn.bfloat16
+B, HQ, HKV, SQ, D, CAP = 2, 8, 2, 1, 64, 128
+
+
+def dev(shape, dtype=np.float32, strides=None, ptr=0x100000) -> DeviceArray:
+    return DeviceArray(ptr, shape, dtype, strides, FAKE_DEVICE, owner=None)
+
+
+def host(shape, dtype=np.float16):
+    return np.ones(shape, np.float32).astype(dtype)
+
+
+def decode_args(**over):
+    args = dict(q=host((B, HQ, SQ, D)), k_cache=host((B, HKV, CAP, D)), v_cache=host((B, HKV, CAP, D)),
+                seq_lens=np.zeros(B, np.int32))
+    args.update(over)
+    return args
+
+
+def run_decode(options=None, **over):
+    a = decode_args(**over)
+    return ptxattn.decode(a["q"], a["k_cache"], a["v_cache"], a["seq_lens"], **(options or {}))
+
+
+# ---- decode ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float64, np.int32])
+def test_decode_q_dtype(dtype):
+    with pytest.raises(TypeError, match=f"decode: q must be float16, bfloat16 or float32, got {np.dtype(dtype)}"):
+        run_decode(q=host((B, HQ, SQ, D), dtype))
+
+
+def test_decode_cache_dtype_mismatch():
+    with pytest.raises(TypeError, match="decode: k_cache must have q's dtype float16, got float32"):
+        run_decode(k_cache=host((B, HKV, CAP, D), np.float32))
+
+
+@pytest.mark.parametrize("sq", [0, 17])
+def test_decode_sq_range(sq):
+    with pytest.raises(ValueError, match=rf"decode: q's Sq \(axis 2\) must be in \[1, 16\].*got {sq}"):
+        run_decode(q=host((B, HQ, sq, D)))
+
+
+def test_decode_q_rank():
+    with pytest.raises(ValueError, match=r"decode: q must be 4-d \[B, Hq, Sq, Dqk\], got shape \(2, 8, 64\)"):
+        run_decode(q=host((B, HQ, D)))
+
+
+def test_decode_gqa_ratio():
+    with pytest.raises(ValueError, match=r"decode: q's Hq \(8\) must be a multiple of the caches' Hkv \(3\)"):
+        run_decode(k_cache=host((B, 3, CAP, D)), v_cache=host((B, 3, CAP, D)))
+
+
+def test_decode_head_dim_mismatch():
+    with pytest.raises(ValueError, match=r"decode: q's Dqk \(64\) must equal the key cache's D \(32\)"):
+        run_decode(k_cache=host((B, HKV, CAP, 32)))
+
+
+@pytest.mark.parametrize("dtype, d, top", [(np.float16, 320, 256), (np.float32, 192, 128)])
+def test_decode_head_dim_too_large(dtype, d, top):
+    with pytest.raises(ValueError, match=f"decode: head dims up to {top} are supported"):
+        run_decode(q=host((B, HQ, SQ, d), dtype), k_cache=host((B, HKV, CAP, d), dtype),
+                   v_cache=host((B, HKV, CAP, d), dtype))
+
+
+def test_decode_head_dim_not_16_bytes():
+    with pytest.raises(ValueError, match=r"decode: q's last axis must be a positive multiple of 8 for float16"):
+        run_decode(q=host((B, HQ, SQ, 36)), k_cache=host((B, HKV, CAP, 36)), v_cache=host((B, HKV, CAP, 36)))
+
+
+def test_decode_batch_mismatch():
+    with pytest.raises(ValueError, match=r"decode: v_cache must hold B=2 rows \(q's batch\), got 3"):
+        run_decode(v_cache=host((3, HKV, CAP, D)))
+
+
+def test_decode_capacity_mismatch():
+    with pytest.raises(ValueError, match="decode: k_cache and v_cache must have one positive capacity, got 128 and 64"):
+        run_decode(v_cache=host((B, HKV, 64, D)))
+
+
+def test_decode_layout_name():
+    with pytest.raises(ValueError, match="decode: layout must be 'HND', 'NHD'"):
+        run_decode({"layout": "BSHD"})
+
+
+def test_decode_nhd_layout_reads_axes_accordingly():
+    # [B, cap, Hkv, D] read as HND would have 128 heads: refused by the GQA check.
+    with pytest.raises(ValueError, match=r"Hq \(8\) must be a multiple of the caches' Hkv \(128\)"):
+        run_decode(k_cache=host((B, CAP, HKV, D)), v_cache=host((B, CAP, HKV, D)))
+
+
+@pytest.mark.parametrize("lens, match", [
+    (np.zeros(B, np.int64), "decode: seq_lens must be int32, got int64"),
+    (np.zeros(3, np.int32), r"decode: seq_lens must have shape \(2,\), got \(3,\)"),
+])
+def test_decode_seq_lens(lens, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        run_decode(seq_lens=lens)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"scale": float("nan")}, "decode: scale must be a finite number or None"),
+    ({"scale": "1"}, "decode: scale must be a finite number or None"),
+    ({"softcap": -1.0}, r"decode: softcap must be a finite number >= 0"),
+    ({"window": 4}, r"decode: window must be None or \(left, right\)"),
+    ({"window": (-2, 0)}, r"decode: window must be None or \(left, right\)"),
+    ({"window": (1.5, 0)}, r"decode: window must be None or \(left, right\)"),
+    ({"sinks": np.zeros(3, np.float32)}, r"decode: sinks must have shape \(8,\)"),
+    ({"sinks": np.zeros(8, np.int32)}, "decode: sinks must be floating point, got int32"),
+    ({"out": np.empty((B, HQ, SQ, 32), np.float16)}, r"decode: out must be \(2, 8, 1, 64\) float16"),
+    ({"out_lse": np.empty((B, HQ), np.float32)}, r"decode: out_lse must be \(2, 8, 1\) float32"),
+])
+def test_decode_options(options, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        run_decode(options)
+
+
+def test_decode_mixed_host_and_device():
+    with pytest.raises(TypeError, match="decode: arrays must be all NumPy"):
+        run_decode(q=dev((B, HQ, SQ, D), np.float16))
+
+
+def dev_decode_args(**over):
+    args = dict(q=dev((B, HQ, SQ, D), np.float16), k_cache=dev((B, HKV, CAP, D), np.float16),
+                v_cache=dev((B, HKV, CAP, D), np.float16), seq_lens=dev((B,), np.int32))
+    args.update(over)
+    return args
+
+
+def test_decode_device_last_axis_strided():
+    q = dev((B, HQ, SQ, D), np.float16, strides=(HQ * D * 4, D * 4, D * 4, 4))
+    with pytest.raises(ValueError, match="decode: q must have a contiguous last axis"):
+        ptxattn.decode(**dev_decode_args(q=q))
+
+
+def test_decode_device_misaligned_cache():
+    k = dev((B, HKV, CAP, D), np.float16, ptr=0x100002)
+    with pytest.raises(ValueError, match="decode: k_cache must start on a 16-byte boundary"):
+        ptxattn.decode(**dev_decode_args(k_cache=k))
+
+
+def test_decode_device_strided_seq_lens():
+    with pytest.raises(ValueError, match="decode: seq_lens must be contiguous"):
+        ptxattn.decode(**dev_decode_args(seq_lens=dev((B,), np.int32, strides=(8,))))
+
+
+def test_decode_small_workspace():
+    need = ptxattn.decode_workspace_bytes(*[dev_decode_args()[k] for k in ("q", "k_cache", "v_cache")],
+                                          device=FAKE_DEVICE)
+    with pytest.raises(ValueError, match=f"decode: workspace must be a contiguous device array of at least {need:,}"):
+        ptxattn.decode(**dev_decode_args(), workspace=dev((need - 1,), np.uint8))
+
+
+# ---- paged_decode ------------------------------------------------------------------------------
+PAGES, PAGE = 16, 16
+
+
+def paged_args(**over):
+    args = dict(q=host((B, HQ, SQ, D)), k_pool=host((PAGES, HKV, PAGE, D)), v_pool=host((PAGES, HKV, PAGE, D)),
+                block_table=np.zeros((B, 4), np.int32), seq_lens=np.zeros(B, np.int32))
+    args.update(over)
+    return args
+
+
+def run_paged(options=None, **over):
+    return ptxattn.paged_decode(**paged_args(**over), **(options or {}))
+
+
+def test_paged_page_size_power_of_two():
+    with pytest.raises(ValueError, match="paged_decode: the page size must be a power of two, got 12"):
+        run_paged(k_pool=host((PAGES, HKV, 12, D)), v_pool=host((PAGES, HKV, 12, D)))
+
+
+def test_paged_pools_disagree():
+    with pytest.raises(ValueError, match="paged_decode: k_pool and v_pool must have the same number of pages"):
+        run_paged(v_pool=host((PAGES + 1, HKV, PAGE, D)))
+
+
+def test_paged_pool_heads_disagree():
+    with pytest.raises(ValueError, match="paged_decode: k_pool and v_pool must have one number of kv heads"):
+        run_paged(v_pool=host((PAGES, 4, PAGE, D)))
+
+
+def test_paged_mixed_layouts_are_read_per_pool():
+    # v as NHD [pages, page, Hkv, D]; declaring it HND makes its page size 2: refused.
+    with pytest.raises(ValueError, match="same number of pages and page size"):
+        run_paged({"layout": "HND"}, v_pool=host((PAGES, PAGE, HKV, D)))
+
+
+@pytest.mark.parametrize("table, exc, match", [
+    (np.zeros((B, 4), np.int64), TypeError, "paged_decode: block_table must be int32, got int64"),
+    (np.zeros((3, 4), np.int32), ValueError, r"paged_decode: block_table must have shape \(B=2, max_pages >= 1\)"),
+    (np.zeros((B, 0), np.int32), ValueError, r"paged_decode: block_table must have shape \(B=2, max_pages >= 1\)"),
+    (np.zeros(B, np.int32), ValueError, r"paged_decode: block_table must be 2-d"),
+])
+def test_paged_block_table(table, exc, match):
+    with pytest.raises(exc, match=match):
+        run_paged(block_table=table)
+
+
+def test_paged_pool_dtype():
+    with pytest.raises(TypeError, match="paged_decode: v_pool must have k_pool's dtype float16, got float32"):
+        run_paged(v_pool=host((PAGES, HKV, PAGE, D), np.float32))
+
+
+def test_paged_window():
+    with pytest.raises(ValueError, match=r"paged_decode: window must be None or \(left, right\)"):
+        run_paged({"window": (1, 2, 3)})
+
+
+# ---- kv_append / paged_kv_append -----------------------------------------------------------------
+def append_args(**over):
+    args = dict(k_new=host((B, HKV, 1, D)), v_new=host((B, HKV, 1, D)), k_cache=host((B, HKV, CAP, D)),
+                v_cache=host((B, HKV, CAP, D)), seq_lens=np.zeros(B, np.int32))
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, exc, match", [
+    ({"k_new": host((B, HKV, D))}, ValueError, r"kv_append: k_new must be 4-d \[B, Hkv, n, Dk\]"),
+    ({"v_new": host((B, HKV, 2, D))}, ValueError, r"kv_append: v_new must have shape \(2, 2, 1, 64\)"),
+    ({"k_cache": host((3, HKV, CAP, D)), "v_cache": host((3, HKV, CAP, D))}, ValueError,
+     "kv_append: k_cache must hold B=2 rows of Hkv=2 heads"),
+    ({"k_cache": host((B, HKV, CAP, 32))}, ValueError, r"kv_append: k_cache's D \(32\) must equal k_new's \(64\)"),
+    ({"v_cache": host((B, HKV, 64, D))}, ValueError, "kv_append: k_cache and v_cache must have one capacity"),
+    ({"k_new": host((B, HKV, 200, D)), "v_new": host((B, HKV, 200, D))}, ValueError,
+     "kv_append: cannot append n=200 tokens to a cache of capacity 128"),
+    ({"k_new": host((B, HKV, 1, D), np.float32)}, TypeError, "kv_append: k_new must have k_cache's dtype float16"),
+    ({"seq_lens": np.zeros(B, np.int64)}, TypeError, "kv_append: seq_lens must be int32"),
+    ({"k_cache": host((B, HKV, CAP, D), np.int16)}, TypeError, "kv_append: k_cache must be float16, bfloat16 or float32"),
+])
+def test_kv_append(over, exc, match):
+    with pytest.raises(exc, match=match):
+        ptxattn.kv_append(**append_args(**over))
+
+
+def test_kv_append_layout():
+    with pytest.raises(ValueError, match="kv_append: layout must be"):
+        ptxattn.kv_append(**append_args(), layout=("HND",))
+
+
+def paged_append_args(**over):
+    args = dict(k_new=host((5, HKV, D)), v_new=host((5, HKV, D)), k_pool=host((PAGES, HKV, PAGE, D)),
+                v_pool=host((PAGES, HKV, PAGE, D)), slot_mapping=np.zeros(5, np.int32))
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, exc, match", [
+    ({"slot_mapping": np.zeros(5, np.uint32)}, TypeError, "paged_kv_append: slot_mapping must be int32 or int64"),
+    ({"slot_mapping": np.zeros(4, np.int32)}, ValueError, r"paged_kv_append: slot_mapping must have shape \(5,\)"),
+    ({"v_new": host((4, HKV, D))}, ValueError, r"paged_kv_append: v_new must have shape \(5, 2, 64\)"),
+    ({"k_new": host((5, HKV, 1, D))}, ValueError, r"paged_kv_append: k_new must be 3-d \[T, Hkv, Dk\]"),
+    ({"k_new": host((5, HKV, D), BF16)}, TypeError, "paged_kv_append: k_new must have k_pool's dtype float16"),
+])
+def test_paged_kv_append(over, exc, match):
+    with pytest.raises(exc, match=match):
+        ptxattn.paged_kv_append(**paged_append_args(**over))
+
+
+# ---- merge_states ---------------------------------------------------------------------------------
+def test_merge_shapes_disagree():
+    o, lse = host((B, HQ, SQ, D)), np.zeros((B, HQ, SQ), np.float32)
+    with pytest.raises(ValueError, match=r"merge_states: o_b must match o_a"):
+        ptxattn.merge_states(o, lse, host((B, HQ, SQ, 32)), lse)
+
+
+def test_merge_lse_dtype():
+    o, lse = host((B, HQ, SQ, D)), np.zeros((B, HQ, SQ), np.float32)
+    with pytest.raises(ValueError, match=r"merge_states: lse_b must be float32 of shape \(2, 8, 1\)"):
+        ptxattn.merge_states(o, lse, o, lse.astype(np.float64))
+
+
+def test_merge_n_needs_states():
+    with pytest.raises(ValueError, match="merge_states_n: need at least one state"):
+        ptxattn.merge_states_n(host((0, B, HQ, SQ, D)), np.zeros((0, B, HQ, SQ), np.float32))
+
+
+def test_merge_n_rank():
+    with pytest.raises(ValueError, match=r"merge_states_n: o must be 5-d \[N, B, H, S, D\]"):
+        ptxattn.merge_states_n(host((B, HQ, SQ, D)), np.zeros((B, HQ, SQ), np.float32))
+
+
+def test_merge_sinks_shape():
+    o, lse = host((2, B, HQ, SQ, D)), np.zeros((2, B, HQ, SQ), np.float32)
+    with pytest.raises(ValueError, match=r"merge_states_n: sinks must have shape \(8,\)"):
+        ptxattn.merge_states_n(o, lse, sinks=np.zeros(2, np.float32))
+
+
+def test_merge_device_strides_disagree():
+    o_a = dev((B, HQ, SQ, D), np.float16)
+    o_b = dev((B, HQ, SQ, D), np.float16, strides=(HQ * SQ * D * 4, SQ * D * 4, D * 4, 2), ptr=0x200000)
+    lse = dev((B, HQ, SQ), np.float32, ptr=0x300000)
+    with pytest.raises(ValueError, match="merge_states: o_a and o_b must have the same strides"):
+        ptxattn.merge_states(o_a, lse, o_b, dev((B, HQ, SQ), np.float32, ptr=0x400000))

@@ -1,0 +1,262 @@
+"""ptxattn.sdpa on the GPU against the float64 reference: a seeded sweep over dtypes, head
+dims (odd ones too), GQA ratios, lengths (0, 1, tile non-multiples), mask kinds / ranks /
+broadcasts, causal alignments, windows, softcap, sinks and LSE; NaN-poisoned outputs framed
+by canaries; determinism; strided (BSHD) and misaligned inputs; a K/V past 2^31 elements."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+import ptxattn
+from ptxattn import DeviceArray, reference
+
+from gpu_util import GuardedOutput, relative_error
+
+pytestmark = pytest.mark.gpu
+
+F16, BF16, F32 = np.dtype(np.float16), ptxattn.bfloat16, np.dtype(np.float32)
+# |o - ref| <= ABS * max|v| + REL * |ref|: P is rounded to the input dtype before P·V
+# (half an ulp of each weight, times |v|) and o to the output dtype.
+ABS = {F16: 2e-3, BF16: 1.2e-2, F32: 2e-5}
+REL = {F16: 2e-3, BF16: 1e-2, F32: 2e-5}
+NORM = {F16: 2e-3, BF16: 1.2e-2, F32: 1e-5}  # ‖o - ref‖ / ‖ref‖
+LSE_ABS = 2e-4  # LSE is fp32 math over the exact (quantized) inputs for every dtype
+
+
+@dataclass(frozen=True)
+class Case:
+    dtype: np.dtype
+    batch: int
+    hq: int
+    hkv: int
+    sq: int
+    skv: int
+    dqk: int
+    dv: int
+    causal: bool = False
+    align: str = "top_left"
+    window: tuple | None = None
+    mask: str | None = None        # broadcast pattern, see _mask_shape
+    mask_dtype: np.dtype | None = None
+    softcap: float = 0.0
+    sinks: bool = False
+    scale: float | None = None
+    lse: bool = True
+
+    def __str__(self) -> str:
+        name = {F16: "f16", BF16: "bf16", F32: "f32"}[self.dtype]
+        parts = [name, f"b{self.batch}h{self.hq}/{self.hkv}", f"s{self.sq}x{self.skv}", f"d{self.dqk}_{self.dv}"]
+        if self.causal:
+            parts.append(f"causal_{self.align}")
+        elif self.align != "top_left":
+            parts.append(self.align)
+        if self.window:
+            parts.append(f"win{self.window[0]}_{self.window[1]}")
+        if self.mask:
+            parts.append(f"mask_{self.mask}_{np.dtype(self.mask_dtype).name}")
+        if self.softcap:
+            parts.append(f"cap{self.softcap:g}")
+        if self.sinks:
+            parts.append("sinks")
+        if self.scale is not None:
+            parts.append(f"scale{self.scale:g}")
+        return "-".join(parts)
+
+
+def _mask_shape(case: Case) -> tuple:
+    b, h, q, k = case.batch, case.hq, case.sq, case.skv
+    return {"b11k": (b, 1, 1, k), "bhqk": (b, h, q, k), "qk": (q, k), "k": (k,),
+            "1h1k": (1, h, 1, k), "bhq1": (b, h, q, 1)}[case.mask]
+
+
+EXPLICIT = [
+    Case(BF16, 1, 1, 1, 1, 1, 64, 64),
+    Case(BF16, 2, 4, 4, 128, 128, 128, 128),
+    Case(BF16, 1, 4, 1, 97, 1025, 128, 128, causal=True, align="bottom_right"),
+    Case(F16, 2, 8, 2, 257, 200, 64, 64, causal=True),
+    Case(BF16, 1, 2, 2, 300, 130, 256, 256, causal=True, align="bottom_right"),  # rows with no key
+    Case(F16, 1, 4, 2, 65, 77, 192, 128, causal=True, sinks=True),
+    Case(BF16, 1, 2, 1, 33, 45, 59, 59, window=(7, 3)),
+    Case(F16, 1, 2, 2, 40, 51, 111, 111, softcap=5.0),
+    Case(F32, 2, 4, 2, 37, 70, 64, 64, causal=True, align="bottom_right", sinks=True),
+    Case(F32, 1, 2, 1, 20, 33, 59, 111, mask="bhqk", mask_dtype=np.dtype(bool)),
+    Case(BF16, 2, 4, 2, 64, 100, 128, 128, mask="b11k", mask_dtype=np.dtype(bool), sinks=True),
+    Case(BF16, 1, 2, 2, 50, 60, 64, 64, mask="bhq1", mask_dtype=np.dtype(bool), sinks=True, softcap=3.0),
+    Case(F16, 1, 3, 3, 31, 64, 96, 64, mask="qk", mask_dtype=F16),
+    Case(BF16, 1, 2, 1, 16, 48, 128, 128, scale=0.0, lse=True),
+    Case(F16, 1, 1, 1, 0, 5, 64, 64),
+    Case(BF16, 1, 2, 1, 5, 0, 64, 64, sinks=True),
+    Case(F32, 1, 1, 1, 3, 0, 8, 8),
+    Case(BF16, 1, 2, 2, 1, 1000, 1, 1),
+    Case(F16, 1, 2, 1, 130, 129, 200, 130, causal=True, window=(20, -1), mask="k", mask_dtype=F32),
+]
+
+
+def _sweep(count: int = 40, seed: int = 20261129) -> list[Case]:
+    r = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        dtype = r.choice([F16, BF16, BF16, F32])
+        dqk, dv = r.choice([(64, 64), (128, 128), (256, 256), (192, 128), (59, 59), (111, 111),
+                            (1, 1), (8, 16), (96, 64), (200, 130), (32, 32), (80, 80)])
+        hkv = r.choice([1, 2])
+        mask = r.choice([None, None, "b11k", "bhqk", "qk", "k", "1h1k", "bhq1"])
+        cases.append(Case(
+            dtype=dtype, batch=r.choice([1, 2]), hq=hkv * r.choice([1, 2, 4]), hkv=hkv,
+            sq=r.choice([1, 2, 17, 64, 97, 128, 129, 200, 257]),
+            skv=r.choice([1, 5, 63, 64, 65, 130, 256, 300, 1025]),
+            dqk=dqk, dv=dv, causal=r.random() < 0.4, align=r.choice(["top_left", "bottom_right"]),
+            window=r.choice([None, None, (16, 0), (5, 40), (-1, 3), (100, -1)]),
+            mask=mask, mask_dtype=r.choice([np.dtype(bool), F32, F16, BF16]) if mask else None,
+            softcap=r.choice([0.0, 0.0, 0.0, 5.0, 30.0]), sinks=r.random() < 0.3,
+            scale=r.choice([None, None, None, 0.0, 0.3]), lse=r.random() < 0.7,
+        ))
+    return cases
+
+
+def _rand(rng, shape, dtype) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def _inputs(case: Case, rng):
+    q = _rand(rng, (case.batch, case.hq, case.sq, case.dqk), case.dtype)
+    k = _rand(rng, (case.batch, case.hkv, case.skv, case.dqk), case.dtype)
+    v = _rand(rng, (case.batch, case.hkv, case.skv, case.dv), case.dtype)
+    mask = None
+    if case.mask:
+        shape = _mask_shape(case)
+        mask = rng.random(shape) < 0.75 if case.mask_dtype == bool else _rand(rng, shape, case.mask_dtype)
+    sinks = rng.standard_normal(case.hq).astype(np.float32) if case.sinks else None
+    return q, k, v, mask, sinks
+
+
+def _options(case: Case) -> dict:
+    return dict(causal=case.causal, causal_align=case.align, window=case.window,
+                scale=case.scale, softcap=case.softcap)
+
+
+def _check(case: Case, got_o, got_lse, q, k, v, mask, sinks) -> None:
+    ref_o, ref_lse = reference.sdpa(q, k, v, attn_mask=mask, sinks=sinks, **_options(case))
+    got_o = np.asarray(got_o).astype(np.float64)
+    assert got_o.shape == ref_o.shape
+    assert relative_error(got_o, ref_o) <= NORM[case.dtype]
+    vmax = float(np.abs(v.astype(np.float64)).max()) if v.size else 0.0
+    bound = ABS[case.dtype] * vmax + REL[case.dtype] * np.abs(ref_o)
+    worst = np.abs(got_o - ref_o) - bound
+    assert worst.max(initial=-1.0) <= 0, f"max excess {worst.max():.3g} at {np.unravel_index(worst.argmax(), worst.shape)}"
+    empty_rows = ref_lse == -np.inf
+    assert np.all(got_o[empty_rows] == 0), "a row with no visible key must give exactly 0"
+    if got_lse is not None:
+        got_lse = np.asarray(got_lse)
+        assert got_lse.dtype == np.float32 and got_lse.shape == ref_lse.shape
+        assert np.array_equal(got_lse == -np.inf, empty_rows), "LSE -inf exactly on rows with no key"
+        live = ~empty_rows
+        np.testing.assert_allclose(got_lse[live], ref_lse[live], rtol=1e-5, atol=LSE_ABS)
+
+
+def _run_device(case: Case, rng):
+    q, k, v, mask, sinks = _inputs(case, rng)
+    dev = {name: ptxattn.asarray(x) for name, x in (("q", q), ("k", k), ("v", v)) }
+    out = GuardedOutput((case.batch, case.hq, case.sq, case.dv), case.dtype, rng)
+    result = ptxattn.sdpa(
+        dev["q"], dev["k"], dev["v"], out=out.array, return_lse=case.lse,
+        attn_mask=None if mask is None else ptxattn.asarray(mask),
+        sinks=None if sinks is None else ptxattn.asarray(sinks), **_options(case))
+    o_dev, lse_dev = result if case.lse else (result, None)
+    assert o_dev is out.array
+    return out.check(), (lse_dev.get() if case.lse else None), (q, k, v, mask, sinks)
+
+
+CASES = EXPLICIT + _sweep()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_sdpa_matches_reference(case, rng):
+    o, lse, inputs = _run_device(case, rng)
+    _check(case, o, lse, *inputs)
+
+
+def test_numpy_in_numpy_out(rng):
+    case = Case(BF16, 2, 4, 2, 70, 90, 128, 128, causal=True, sinks=True)
+    q, k, v, mask, sinks = _inputs(case, rng)
+    o, lse = ptxattn.sdpa(q, k, v, sinks=sinks, return_lse=True, causal=True)
+    assert isinstance(o, np.ndarray) and o.dtype == BF16 and isinstance(lse, np.ndarray)
+    _check(case, o, lse, q, k, v, mask, sinks)
+    out = np.full(o.shape, np.nan, dtype=BF16)
+    assert ptxattn.sdpa(q, k, v, sinks=sinks, causal=True, out=out) is out
+    assert np.array_equal(out.view(np.uint16), o.view(np.uint16))
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32])
+def test_bitwise_deterministic(dtype, rng):
+    case = Case(dtype, 2, 8, 2, 300, 700, 128, 128, causal=True, align="bottom_right",
+                mask="b11k", mask_dtype=F32, sinks=True)
+    q, k, v, mask, sinks = _inputs(case, rng)
+    args = [ptxattn.asarray(x) for x in (q, k, v)]
+    runs = []
+    for _ in range(3):
+        o, lse = ptxattn.sdpa(*args, attn_mask=ptxattn.asarray(mask), sinks=ptxattn.asarray(sinks),
+                              return_lse=True, causal=True, causal_align="bottom_right")
+        runs.append((o.get().tobytes(), lse.get().tobytes()))
+    assert runs[0] == runs[1] == runs[2]
+
+
+def _bshd_view(host_bshd: np.ndarray, element_offset: int = 0) -> DeviceArray:
+    """A [B, H, S, D] view of a [B, S, H, D] buffer, optionally starting `element_offset`
+    elements into it (which breaks 16-byte alignment)."""
+    flat = np.concatenate([np.zeros(element_offset, host_bshd.dtype), host_bshd.ravel()])
+    whole = ptxattn.asarray(flat)
+    b, s, h, d = host_bshd.shape
+    item = host_bshd.itemsize
+    return DeviceArray(whole.ptr + element_offset * whole.itemsize, (b, h, s, d), host_bshd.dtype,
+                       (s * h * d * item, d * item, h * d * item, item), whole.device, whole)
+
+
+@pytest.mark.parametrize("dtype,offset", [(BF16, 0), (F16, 1), (F32, 0)])
+def test_strided_bshd_inputs_and_output(dtype, offset, rng):
+    b, hq, hkv, sq, skv, d = 2, 8, 2, 130, 200, 128
+    q = _rand(rng, (b, sq, hq, d), dtype)
+    k = _rand(rng, (b, skv, hkv, d), dtype)
+    v = _rand(rng, (b, skv, hkv, d), dtype)
+    out_host = np.full((b, sq, hq, d), np.nan, dtype=np.float32).astype(dtype)
+    out = _bshd_view(out_host, offset)
+    ptxattn.sdpa(_bshd_view(q, offset), _bshd_view(k, offset), _bshd_view(v), causal=True, out=out)
+    got = out.get()
+    case = Case(dtype, b, hq, hkv, sq, skv, d, d, causal=True, lse=False)
+    _check(case, got, None, *(x.transpose(0, 2, 1, 3) for x in (q, k, v)), None, None)
+
+
+def test_broadcast_mask_is_read_through_zero_strides(rng):
+    case = Case(F16, 2, 4, 2, 40, 70, 64, 64, mask="bhqk", mask_dtype=F32)
+    q, k, v, _, _ = _inputs(case, rng)
+    per_batch = _rand(rng, (2, 1, 40, 70), np.float32)
+    base = ptxattn.asarray(per_batch)
+    item = 4
+    mask = DeviceArray(base.ptr, (2, 4, 40, 70), np.float32, (40 * 70 * item, 0, 70 * item, item),
+                       base.device, base)  # Hq axis broadcast with stride 0, never materialized
+    o = ptxattn.sdpa(*(ptxattn.asarray(x) for x in (q, k, v)), attn_mask=mask).get()
+    _check(case, o, None, q, k, v, per_batch, None)
+
+
+@pytest.mark.slow
+def test_kv_past_two_to_the_31_elements():
+    """K and V of 2^31 + 2^14 elements each (B1 H1 Skv 2^23 + 64, D256 bf16): a bottom-right
+    window makes the queries read only the last keys, all past element 2^31."""
+    rng = np.random.default_rng(7)
+    skv, d, sq, period = (1 << 23) + 64, 256, 64, 65537  # period does not divide 2^23
+    block_k = _rand(rng, (period, d), BF16)
+    block_v = _rand(rng, (period, d), BF16)
+    reps = -(-skv // period)
+    k = np.tile(block_k, (reps, 1))[:skv].reshape(1, 1, skv, d)
+    v = np.tile(block_v, (reps, 1))[:skv].reshape(1, 1, skv, d)
+    assert k.size > 2**31
+    q = _rand(rng, (1, 1, sq, d), BF16)
+    window = (300, 0)
+    o, lse = ptxattn.sdpa(ptxattn.asarray(q), ptxattn.asarray(k), ptxattn.asarray(v), causal=True,
+                          causal_align="bottom_right", window=window, return_lse=True)
+    tail = sq + window[0] + 64
+    case = Case(BF16, 1, 1, 1, sq, tail, d, d, causal=True, align="bottom_right", window=window)
+    _check(case, o.get(), lse.get(), q, k[:, :, -tail:], v[:, :, -tail:], None, None)

@@ -1,0 +1,118 @@
+"""ptxattn.sdpa refuses bad input on the host, before any device work, naming the argument,
+what it expected and what it got; plus the planning arithmetic (no GPU needed)."""
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+import ptxattn
+from ptxattn.ops import attention
+
+
+def _qkv(b=1, hq=4, hkv=2, sq=3, skv=5, dqk=8, dv=8, dtype=np.float16):
+    return (np.ones((b, hq, sq, dqk), dtype), np.ones((b, hkv, skv, dqk), dtype),
+            np.ones((b, hkv, skv, dv), dtype))
+
+
+def _raises(exc, match, *args, **kwargs):
+    with pytest.raises(exc, match=match):
+        ptxattn.sdpa(*args, **kwargs)
+
+
+def test_rank_and_dtype_errors():
+    q, k, v = _qkv()
+    _raises(ValueError, r"q must be 4-d \[B, Hq, Sq, Dqk\], got shape \(4, 3, 8\)", q[0], k, v)
+    _raises(ValueError, r"v must be 4-d", q, k, v[0])
+    _raises(TypeError, r"q must be float16, bfloat16 or float32, got float64", q.astype(np.float64), k, v)
+    _raises(TypeError, r"q, k and v must share a dtype, got q float16, k float32", q, k.astype(np.float32), v)
+
+
+def test_shape_mismatches():
+    q, k, v = _qkv()
+    _raises(ValueError, r"Hq must be a multiple of Hkv, got Hq=4 \(q\) and Hkv=3", q, *_qkv(hkv=3)[1:])
+    _raises(ValueError, r"k must be \[B=1, Hkv, Skv, Dqk=8\], got \(1, 2, 5, 6\)", q, k[..., :6], v)
+    _raises(ValueError, r"k must be \[B=2", *_qkv(b=2)[:1], k, v)
+    _raises(ValueError, r"v must be \[B, Hkv, Skv, Dv\] = \[1, 2, 5, Dv\], got \(1, 2, 4, 8\)", q, k, v[:, :, :4])
+    _raises(ValueError, r"head dim Dqk must be in 1..256, got 300", *_qkv(dqk=300))
+    _raises(ValueError, r"head dim Dv must be in 1..256, got 0", *_qkv(dv=0))
+
+
+def test_option_errors():
+    q, k, v = _qkv()
+    _raises(ValueError, r"causal_align must be 'top_left' or 'bottom_right', got 'diagonal'",
+            q, k, v, causal=True, causal_align="diagonal")
+    _raises(TypeError, r"causal must be a bool, got 'yes'", q, k, v, causal="yes")
+    _raises(TypeError, r"window must be a pair of ints \(left, right\), got \(1, 2, 3\)", q, k, v, window=(1, 2, 3))
+    _raises(TypeError, r"window must be a pair of ints", q, k, v, window=(1.5, 2))
+    _raises(ValueError, r"window entries must be >= 0, or -1 for unbounded, got \(-2, 0\)", q, k, v, window=(-2, 0))
+    _raises(ValueError, r"scale must be a finite number or None, got nan", q, k, v, scale=float("nan"))
+    _raises(ValueError, r"softcap must be a finite number >= 0 \(0 = off\), got -1.0", q, k, v, softcap=-1.0)
+    _raises(TypeError, r"return_lse must be a bool, got 1", q, k, v, return_lse=1)
+
+
+def test_mask_errors():
+    q, k, v = _qkv()
+    _raises(TypeError, r"attn_mask must be bool, float32, float16 or bfloat16, got int32",
+            q, k, v, attn_mask=np.ones((3, 5), np.int32))
+    _raises(ValueError, r"attn_mask must have rank <= 4, got shape \(1, 1, 1, 3, 5\)",
+            q, k, v, attn_mask=np.ones((1, 1, 1, 3, 5), bool))
+    _raises(ValueError, r"attn_mask of shape \(2, 5\) does not broadcast to \[B, Hq, Sq, Skv\] = \(1, 4, 3, 5\)",
+            q, k, v, attn_mask=np.ones((2, 5), bool))
+    _raises(ValueError, r"attn_mask of shape \(3, 3, 5\)", q, k, v, attn_mask=np.ones((3, 3, 5), np.float32))
+
+
+def test_sinks_and_out_errors():
+    q, k, v = _qkv()
+    _raises(ValueError, r"sinks must be float32 \[Hq=4\], got float32 \(2,\)", q, k, v, sinks=np.zeros(2, np.float32))
+    _raises(ValueError, r"sinks must be float32 \[Hq=4\], got float64 \(4,\)", q, k, v, sinks=np.zeros(4))
+    _raises(ValueError, r"out must be float16 \[B, Hq, Sq, Dv\] = \(1, 4, 3, 8\), got float16 \(1, 4, 3, 7\)",
+            q, k, v, out=np.empty((1, 4, 3, 7), np.float16))
+    _raises(ValueError, r"out must be float16 .* got float32", q, k, v, out=np.empty((1, 4, 3, 8), np.float32))
+
+
+def test_mixed_host_and_device_arrays_are_refused():
+    class FakeDevice:  # anything exposing the CUDA Array Interface counts as device memory
+        __cuda_array_interface__ = {}
+    q, k, v = _qkv()
+    _raises(TypeError, r"all NumPy \(host\) or all device arrays; k on the device but q, v on the host",
+            q, FakeDevice(), v)
+
+
+# ---- planning -------------------------------------------------------------------------
+def test_param_struct_matches_the_kernel_layout():
+    # cu/flash_fwd.cu FlashFwdParams: 7 pointers, 16 int64 strides, 12 int32/float fields.
+    assert ctypes.sizeof(attention._FlashFwdParams) == 7 * 8 + 16 * 8 + 14 * 4
+    assert attention._FlashFwdParams.scale.offset == 7 * 8 + 16 * 8 + 10 * 4
+
+
+@pytest.mark.parametrize("dqk,dv,suffix", [
+    (64, 64, "d64"), (59, 64, "d64"), (1, 1, "d64"), (65, 64, "d128"), (128, 128, "d128"),
+    (111, 111, "d128"), (64, 128, "d128"), (192, 128, "d192_128"), (150, 100, "d192_128"),
+    (192, 192, "d256"), (256, 256, "d256"), (129, 200, "d256"),
+])
+def test_tile_choice(dqk, dv, suffix):
+    assert attention._pick_tile(dqk, dv).suffix == suffix
+
+
+def test_every_tile_fits_sm86_shared_memory():
+    # sm_86 / sm_89 give a block at most 99 KiB of shared memory; the PTX targets them too.
+    for tile in attention._TILES:
+        assert tile.shared_bytes <= 99 * 1024, tile
+    name, grid, block, shared = attention._plan(np.dtype(np.float32), 2, 3, 9, 256, 256)
+    assert name == "flash_fwd_f32" and grid == (3, 3, 2) and block == (128, 1, 1) and shared <= 99 * 1024
+
+
+def test_plan_grid():
+    name, grid, block, shared = attention._plan(ptxattn.bfloat16, 4, 32, 4096, 128, 128)
+    assert name == "flash_fwd_bf16_d128" and grid == (32, 32, 4) and block == (256, 1, 1)
+    assert shared == 2 * (128 * 128 + 2 * 64 * 256)
+
+
+def test_window_bounds():
+    unbounded = attention._UNBOUNDED
+    assert attention._window_bounds(False, None) == (unbounded, unbounded)
+    assert attention._window_bounds(True, None) == (unbounded, 0)
+    assert attention._window_bounds(True, (5, 3)) == (5, 0)
+    assert attention._window_bounds(False, (-1, 7)) == (unbounded, 7)
