@@ -97,17 +97,13 @@ def driver_version() -> tuple[int, int]:
 
 
 class _HotPath:
-    """The two driver entry points on every op's path, called through ctypes: cuda-python's
-    wrappers convert each argument in Python, which costs microseconds per launch; these
-    take plain ints. Everything else goes through `call`."""
+    """cuCtxGetCurrent, asked on every op call, through ctypes: it fills a reused pointer
+    instead of building a CUcontext object. Everything else goes through `call`."""
 
     def __init__(self) -> None:
         init()
         lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
-        u = ctypes.c_uint
-        self.launch = lib.cuLaunchKernel
-        self.launch.restype = ctypes.c_int
-        self.launch.argtypes = [ctypes.c_void_p, u, u, u, u, u, u, u, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+        self.lib = lib
         get_current = lib.cuCtxGetCurrent
         get_current.restype = ctypes.c_int
         get_current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]

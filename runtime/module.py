@@ -110,17 +110,19 @@ def load_ptx(ptx: bytes, label: str, device: Device):
         raise PtxLoadError(f"loading {label} on {device.name} failed: {exc}\nJIT log:\n{text or '(empty)'}") from exc
 
 
+_launch = cu.cuLaunchKernel
+_SUCCESS = cu.CUresult.CUDA_SUCCESS
+
+
 class Kernel:
     """A kernel function in one context."""
 
-    __slots__ = ("name", "function", "arch", "_handle", "_launch", "_max_dynamic_shared")
+    __slots__ = ("name", "function", "arch", "_max_dynamic_shared")
 
     def __init__(self, name: str, function, arch: str) -> None:
         self.name = name
         self.function = function
         self.arch = arch
-        self._handle = int(function)
-        self._launch = hot().launch
         self._max_dynamic_shared = 48 * 1024
 
     def launch(self, grid, block, params: ParamStruct, stream: Stream, shared_bytes: int = 0) -> None:
@@ -130,10 +132,12 @@ class Kernel:
             self._max_dynamic_shared = shared_bytes
         gx, gy, gz = grid
         bx, by, bz = block
-        err = self._launch(self._handle, gx, gy, gz, bx, by, bz, shared_bytes, stream.ptr, params.kernel_args, None)
-        if err:
+        # cuda-python's own wrapper measured faster than a ctypes call with 11 arguments
+        # (scripts/bench_launch.py prints both).
+        err, = _launch(self.function, gx, gy, gz, bx, by, bz, shared_bytes, stream.handle, params.kernel_args, 0)
+        if err != _SUCCESS:
             raise CudaError(f"cuLaunchKernel({self.name}, grid={tuple(grid)}, block={tuple(block)}, "
-                            f"shared={shared_bytes})", cu.CUresult(err))
+                            f"shared={shared_bytes})", err)
 
 
 _cache_lock = threading.Lock()

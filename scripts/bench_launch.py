@@ -5,11 +5,12 @@ host time; the stream is synchronized only at the end, so the GPU is never the b
 """
 from __future__ import annotations
 
+import ctypes
 import time
 
 import ptxattn
 from ptxattn.context import on_device
-from ptxattn.driver import call, cu
+from ptxattn.driver import cu, hot
 from ptxattn.module import get_kernel
 from ptxattn.ops.probe import ProbeParams
 
@@ -44,7 +45,16 @@ def run(args) -> list[dict]:
         def raw():
             cu.cuLaunchKernel(kernel.function, 1, 1, 1, 32, 1, 1, 0, stream.handle, argv, 0)
 
-        for name, fn in (("raw cuda-python cuLaunchKernel", raw), ("ptxattn Kernel.launch", ours),
+        u, vp = ctypes.c_uint, ctypes.c_void_p
+        c_launch = hot().lib.cuLaunchKernel
+        c_launch.restype, c_launch.argtypes = ctypes.c_int, [vp, u, u, u, u, u, u, u, vp, vp, vp]
+        fn_handle, stream_handle = int(kernel.function), stream.ptr
+
+        def raw_ctypes():
+            c_launch(fn_handle, 1, 1, 1, 32, 1, 1, 0, stream_handle, argv, None)
+
+        for name, fn in (("raw cuda-python cuLaunchKernel", raw), ("raw ctypes libcuda cuLaunchKernel", raw_ctypes),
+                         ("ptxattn Kernel.launch", ours),
                          ("ptxattn context check + kernel lookup + launch", ours_with_lookup)):
             us = min(_per_launch_us(fn, count) for _ in range(3))
             stream.synchronize()

@@ -37,6 +37,17 @@ def test_numpy_inputs_refused_while_capturing(rng):
     with on_device(dev):
         stream = ptxattn.Stream.create()
     ptxattn.softmax(np.ones((2, 2), np.float32))
-    with pytest.raises(RuntimeError, match="capturing"):
+    with pytest.raises(RuntimeError, match="NumPy inputs but the stream is capturing") as info:
         with ptxattn.capture(stream, dev):
             ptxattn.softmax(rng.standard_normal((4, 8)).astype(np.float32), stream=stream)
+    assert not isinstance(info.value, ptxattn.CudaError)  # refused before any allocation
+
+
+def test_allocating_output_refused_while_capturing(rng):
+    dev = ptxattn.get_device(0)
+    with on_device(dev):
+        stream = ptxattn.Stream.create()
+    x = ptxattn.asarray(rng.standard_normal((4, 8)).astype(np.float32), stream)
+    with pytest.raises(ptxattn.CaptureAllocationError, match=r"would allocate its out \(128 bytes\)"):
+        with ptxattn.capture(stream, dev):
+            ptxattn.softmax(x, stream=stream)

@@ -14,6 +14,7 @@ import numpy as np
 from ..array import DeviceArray, asarray, empty, from_dlpack, is_device_array_like
 from ..context import default_device, on_device
 from ..device import Device
+from ..memory import CaptureAllocationError
 from ..stream import Stream, as_stream
 
 __all__ = ["OpCall", "gather"]
@@ -32,20 +33,22 @@ class OpCall:
         """Where the call runs (touches the driver: use after validation)."""
         if self._device is None:
             self._device = default_device()
+            if self.on_host and self._capturing():
+                raise RuntimeError(
+                    f"{self.op}: NumPy inputs but the stream is capturing a graph; a captured "
+                    f"step takes device arrays (ptxattn.asarray them before capture)"
+                )
         return self._device
+
+    def _capturing(self) -> bool:
+        with on_device(self.device):  # the capture query needs a current context
+            return self.stream.is_capturing()
 
     def to_device(self, name: str) -> DeviceArray:
         """The named input on the device (host inputs are uploaded, contiguous)."""
         arr = self.arrays[name]
         if isinstance(arr, DeviceArray):
             return arr
-        with on_device(self.device):  # the capture query needs a current context
-            capturing = self.stream.is_capturing()
-        if capturing:
-            raise RuntimeError(
-                f"{self.op}: {name} is a NumPy array but the stream is capturing a graph; "
-                f"a captured step takes device arrays (ptxattn.asarray before capture)"
-            )
         return asarray(arr, self.stream, self.device)
 
     def output(self, shape, dtype, out=None, name: str = "out") -> DeviceArray:
@@ -53,6 +56,12 @@ class OpCall:
         shape = tuple(int(n) for n in shape)
         dtype = np.dtype(dtype)
         if out is None:
+            if not self.on_host and self._capturing():
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                raise CaptureAllocationError(
+                    f"{self.op}: the stream is capturing a graph and the call would allocate its "
+                    f"{name} ({nbytes:,} bytes): pass {name}= preallocated before capture"
+                )
             return empty(shape, dtype, self.device)
         got = self.arrays.get(name)
         if got is None:

@@ -1,0 +1,74 @@
+"""Helpers for the KV-cache GPU tests (decode, paged, kv_cache, merge): random caches whose
+slots past each row's live length hold NaN, layout conversions, and checks against the
+float64 reference."""
+from __future__ import annotations
+
+import numpy as np
+
+import ptxattn
+from gpu_util import GuardedOutput, REL_TOL, relative_error
+
+DTYPES = [np.dtype(np.float16), ptxattn.bfloat16, np.dtype(np.float32)]
+DTYPE_IDS = ["f16", "bf16", "f32"]
+
+
+def rand(rng, shape, dtype) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32).astype(dtype)
+
+
+def nan_tail_cache(rng, batch, hkv, capacity, dim, dtype, lens) -> np.ndarray:
+    """[B, Hkv, capacity, D] random values, NaN in every slot at or past lens[b]."""
+    cache = rng.standard_normal((batch, hkv, capacity, dim)).astype(np.float32)
+    for b, length in enumerate(lens):
+        cache[b, :, max(int(length), 0):] = np.nan
+    return cache.astype(dtype)
+
+
+def to_layout(cache_hnd: np.ndarray, layout: str) -> np.ndarray:
+    """An HND cache or pool ([pages, Hkv, tokens, D]) in `layout`, contiguous."""
+    return np.ascontiguousarray(cache_hnd if layout == "HND" else cache_hnd.transpose(0, 2, 1, 3))
+
+
+def paginate(rng, cache_hnd: np.ndarray, page_size: int, spare_pages: int = 3):
+    """A shuffled HND pool holding the cache (unused pages NaN) and its block table."""
+    batch, hkv, capacity, dim = cache_hnd.shape
+    per_row = capacity // page_size
+    pages = batch * per_row + spare_pages
+    order = rng.permutation(pages)[: batch * per_row]
+    pool = np.full((pages, hkv, page_size, dim), np.nan, np.float32).astype(cache_hnd.dtype)
+    table = order.reshape(batch, per_row).astype(np.int32)
+    for b in range(batch):
+        for j in range(per_row):
+            pool[table[b, j]] = cache_hnd[b, :, j * page_size:(j + 1) * page_size]
+    return pool, table
+
+
+def check_attention(o, lse, ref_o, ref_lse, dtype) -> None:
+    """o within the dtype's bound of the reference; lse -inf exactly where the reference's
+    is, close elsewhere."""
+    dtype = np.dtype(dtype)
+    assert relative_error(o, ref_o) <= REL_TOL[dtype], f"relative error {relative_error(o, ref_o):.3g}"
+    scale = max(float(np.abs(ref_o).max()), 1e-30)
+    assert float(np.abs(np.asarray(o, np.float64) - ref_o).max()) <= 20 * REL_TOL[dtype] * scale
+    if lse is None:
+        return
+    lse = np.asarray(lse, np.float64)
+    assert not np.isnan(lse).any(), "NaN in the LSE"
+    dead = ref_lse == -np.inf
+    assert np.array_equal(lse == -np.inf, dead), "LSE -inf rows differ from the reference's"
+    np.testing.assert_allclose(lse[~dead], ref_lse[~dead], atol=2e-5 if dtype == np.float32 else 2e-3, rtol=0)
+
+
+class GuardedAttention:
+    """NaN-poisoned, canary-framed o [B, Hq, Sq, Dv] and lse [B, Hq, Sq] outputs."""
+
+    def __init__(self, rng, shape, dtype) -> None:
+        self.o = GuardedOutput(shape, dtype, rng)
+        self.lse = GuardedOutput(shape[:3], np.float32, rng)
+
+    @property
+    def kwargs(self) -> dict:
+        return {"out": self.o.array, "out_lse": self.lse.array, "return_lse": True}
+
+    def check(self):
+        return self.o.check(), self.lse.check()

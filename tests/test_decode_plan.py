@@ -1,0 +1,69 @@
+"""Split-KV planning arithmetic (no GPU): the grid covers every key exactly once, fills the
+SMs on a long single sequence, and depends on nothing but shapes and the device."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ptxattn
+from ptxattn import Device
+from ptxattn.ops.decode import KEYS_PER_TILE, plan_decode
+
+H200 = dict(sm_count=132, max_shared=232448)
+BF16 = ptxattn.bfloat16
+
+
+def plan(**over):
+    args = dict(batch=64, hq=32, hkv=8, sq=1, dqk=128, dv=128, capacity=8192, dtype=BF16, **H200)
+    args.update(over)
+    return plan_decode(**args)
+
+
+@pytest.mark.parametrize("batch, capacity", [(64, 8192), (128, 2048), (1, 32768), (8, 8192), (3, 700), (1, 1), (2, 65)])
+def test_splits_cover_the_capacity_once(batch, capacity):
+    p = plan(batch=batch, capacity=capacity)
+    assert p.keys_per_split % KEYS_PER_TILE == 0
+    assert (p.num_splits - 1) * p.keys_per_split < capacity <= p.num_splits * p.keys_per_split
+    assert p.grid == (p.num_splits, 8, batch)
+
+
+def test_one_long_sequence_fills_every_sm():
+    p = plan(batch=1, capacity=32768)
+    assert p.grid[0] * p.grid[1] * p.grid[2] >= 4 * H200["sm_count"]
+
+
+@pytest.mark.parametrize("hq, hkv, sq, warps_m, row_blocks", [
+    (32, 8, 1, 1, 1), (8, 8, 16, 1, 1), (32, 8, 8, 2, 1), (64, 8, 16, 4, 2), (64, 1, 16, 4, 16)])
+def test_query_rows_per_cta(hq, hkv, sq, warps_m, row_blocks):
+    p = plan(hq=hq, hkv=hkv, sq=sq)
+    assert p.warps_m == warps_m and p.grid[1] == hkv * row_blocks
+
+
+def test_workspace_holds_every_partial():
+    p = plan(batch=4, hq=16, hkv=4, sq=2, dv=64, capacity=4096)
+    partials = 4 * 16 * 2 * p.num_splits
+    assert p.workspace.sizes == {"o_part": partials * 64 * 4, "lse_part": partials * 4}
+    assert p.workspace_bytes >= partials * 65 * 4
+
+
+@pytest.mark.parametrize("dtype, d, kernel", [(np.float16, 64, "decode_split_f16_d64"), (BF16, 96, "decode_split_bf16_d128"),
+                                              (BF16, 192, "decode_split_bf16_d256"), (np.float32, 128, "decode_split_f32_d128")])
+def test_kernel_variant(dtype, d, kernel):
+    assert plan(dtype=dtype, dqk=d, dv=d).kernel == kernel
+
+
+def test_ring_depth_follows_the_shared_memory_limit():
+    assert plan().stages == 3
+    small = plan(max_shared=101376)  # sm_86 / sm_89
+    assert small.stages == 2 and small.shared_bytes <= 101376
+
+
+def test_workspace_bytes_helper_matches_the_plan():
+    device = Device(0, "planning-only", (9, 0), 132, 0, 232448, 0)
+    q = np.zeros((64, 32, 1, 128), np.float16)
+    cache = np.zeros((64, 8, 8192, 128), np.float16)
+    assert ptxattn.decode_workspace_bytes(q, cache, cache, device=device) == plan(dtype=np.float16).workspace_bytes
+    pool = np.zeros((64 * 512, 8, 16, 128), np.float16)
+    table = np.zeros((64, 512), np.int32)
+    assert ptxattn.paged_decode_workspace_bytes(q, pool, pool, table, device=device) == \
+        plan(dtype=np.float16).workspace_bytes

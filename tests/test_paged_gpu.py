@@ -1,0 +1,108 @@
+"""ptxattn.paged_decode and paged_kv_append on the GPU: shuffled page tables, both pool
+layouts (and K / V in different ones), page sizes 8..256, NaN in unused pages and past each
+row's length; the same bits as the contiguous decode of the same keys; append through
+int32 / int64 slot mappings with skipped tokens; out-of-pool pages and slots raise after
+synchronization and leave the context usable."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ptxattn
+from ptxattn import reference
+
+from decode_util import (DTYPE_IDS, DTYPES, GuardedAttention, check_attention, nan_tail_cache, paginate, rand,
+                         to_layout)
+
+pytestmark = pytest.mark.gpu
+
+
+def paged_run(rng, q, k_pool, v_pool, table, lens, layout, **options):
+    guard = GuardedAttention(rng, q.shape[:3] + (v_pool.shape[3],), q.dtype)
+    k_layout, v_layout = (layout, layout) if isinstance(layout, str) else layout
+    ptxattn.paged_decode(ptxattn.asarray(q), ptxattn.asarray(to_layout(k_pool, k_layout)),
+                         ptxattn.asarray(to_layout(v_pool, v_layout)), ptxattn.asarray(table),
+                         ptxattn.asarray(np.asarray(lens, np.int32)), layout=layout, **options, **guard.kwargs)
+    return guard.check()
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD", ("HND", "NHD")], ids=["HND", "NHD", "mixed"])
+@pytest.mark.parametrize("page_size", [8, 16, 64, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_paged_matches_reference_and_contiguous_bits(rng, dtype, page_size, layout):
+    batch, hq, hkv, d = 5, 8, 2, 128
+    cap = page_size * max(2, 1024 // page_size)
+    lens = [0, 1, page_size, cap // 2 + 3, cap]
+    k = nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens)
+    v = nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens)
+    k_pool, table = paginate(rng, k, page_size)
+    v_pool = np.full_like(k_pool, np.nan)
+    for b in range(batch):
+        for j in range(cap // page_size):
+            v_pool[table[b, j]] = v[b, :, j * page_size:(j + 1) * page_size]
+    q = rand(rng, (batch, hq, 2, d), dtype)
+    o, lse = paged_run(rng, q, k_pool, v_pool, table, lens, layout)
+    check_attention(o, lse, *reference.decode(q, k, v, lens), dtype)
+    contiguous = ptxattn.decode(q, k, v, np.asarray(lens, np.int32))
+    assert o.tobytes() == contiguous.tobytes()
+
+
+@pytest.mark.parametrize("slot_dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_paged_append_then_decode(rng, slot_dtype, layout):
+    dtype, batch, hq, hkv, d, page_size, per_row = ptxattn.bfloat16, 3, 8, 2, 64, 16, 4
+    pages = batch * per_row + 2
+    k_pool = to_layout(np.full((pages, hkv, page_size, d), np.nan, np.float32).astype(dtype), layout)
+    v_pool = k_pool.copy()
+    table = rng.permutation(pages)[: batch * per_row].reshape(batch, per_row).astype(np.int32)
+    lens = np.array([5, 64, 33], np.int32)
+    # Write every live token of every row through the slot mapping, plus padding tokens (-1).
+    slots = []
+    for b in range(batch):
+        for j in range(lens[b]):
+            slots.append(table[b, j // page_size] * page_size + j % page_size)
+    slots = np.array(slots + [-1, -1], slot_dtype)
+    rng.shuffle(slots)
+    k_new, v_new = rand(rng, (len(slots), hkv, d), dtype), rand(rng, (len(slots), hkv, d), dtype)
+    k_dev, v_dev = ptxattn.asarray(k_pool), ptxattn.asarray(v_pool)
+    ptxattn.paged_kv_append(ptxattn.asarray(k_new), ptxattn.asarray(v_new), k_dev, v_dev, ptxattn.asarray(slots),
+                            layout=layout)
+    want_k, want_v = reference.paged_kv_append(k_new, v_new, k_pool, v_pool, slots, layout=layout)
+    assert np.array_equal(k_dev.get().view(np.uint8), want_k.view(np.uint8))
+    assert np.array_equal(v_dev.get().view(np.uint8), want_v.view(np.uint8))
+    q = rand(rng, (batch, hq, 1, d), dtype)
+    o, lse = ptxattn.paged_decode(ptxattn.asarray(q), k_dev, v_dev, ptxattn.asarray(table), ptxattn.asarray(lens),
+                                  layout=layout, return_lse=True)
+    ref = reference.paged_decode(q, want_k, want_v, table, lens, layout=layout)
+    check_attention(o.get(), lse.get(), *ref, dtype)
+
+
+def test_page_outside_pool_raises_after_sync_and_context_stays_usable(rng):
+    dtype, batch, hkv, d, page_size = np.float16, 2, 2, 64, 16
+    k = rand(rng, (batch, hkv, 64, d), dtype)
+    k_pool, table = paginate(rng, k, page_size, spare_pages=0)
+    bad = table.copy()
+    bad[1, 2] = len(k_pool) + 5
+    q = rand(rng, (batch, 4, 1, d), dtype)
+    lens = np.array([64, 64], np.int32)
+    o = ptxattn.paged_decode(ptxattn.asarray(q), ptxattn.asarray(k_pool), ptxattn.asarray(k_pool),
+                             ptxattn.asarray(bad), ptxattn.asarray(lens))
+    with pytest.raises(ptxattn.DeviceFault, match="outside the page pool") as info:
+        ptxattn.check_faults(ptxattn.get_device(0), ptxattn.as_stream(None))
+    assert (info.value.code, info.value.row, info.value.value) == (1, 1, len(k_pool) + 5)
+    assert not np.isnan(o.get()).any()
+    o, lse = ptxattn.paged_decode(q, k_pool, k_pool, table, lens, return_lse=True)
+    check_attention(o, lse, *reference.decode(q, k, k, lens), dtype)
+
+
+def test_slot_outside_pool_raises_and_skips_only_that_token(rng):
+    dtype, pages, page_size = np.float32, 4, 8
+    k_pool = np.zeros((pages, 1, page_size, 4), dtype)
+    v_pool = np.zeros((pages, 1, page_size, 4), dtype)
+    slots = np.array([3, pages * page_size, 9], np.int64)
+    k_new, v_new = rand(rng, (3, 1, 4), dtype), rand(rng, (3, 1, 4), dtype)
+    with pytest.raises(ptxattn.DeviceFault, match="slot_mapping entry is outside the page pool") as info:
+        ptxattn.paged_kv_append(k_new, v_new, k_pool, v_pool, slots)
+    assert (info.value.code, info.value.row) == (3, 1)
+    assert np.array_equal(k_pool[0, 0, 3], k_new[0, 0]) and np.array_equal(v_pool[1, 0, 1], v_new[2, 0])
+    assert np.count_nonzero(k_pool) == 8
