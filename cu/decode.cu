@@ -83,9 +83,10 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) {
   return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes global -> shared; src_bytes 0 writes zeros and reads nothing.
+// 16 bytes global -> shared (bypassing L1, asking L2 to fetch the whole 128-byte line);
+// read = false writes zeros and reads nothing.
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool read) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                "r"(read ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
@@ -272,46 +273,56 @@ __device__ __forceinline__ FragA<T> scores_as_a(const float (&p)[2][4]) {
 // ---- the split kernel -----------------------------------------------------------------------
 __host__ __device__ constexpr int round16(int x) { return (x + 15) / 16 * 16; }
 
-// Where one key of this (batch, kv head) lives, as element offsets into K and V; false when
-// the key's page id is outside the pool (reported, then the key reads as zeros).
-struct KeyAddress {
-  long long k, v;
-  bool ok;
-};
-
-__device__ __forceinline__ KeyAddress key_address(const DecodeParams& p, int b, int kvh, int key) {
-  long long page = b, slot = key;
-  if (p.block_table != nullptr) {
-    const int id = p.block_table[b * p.block_table_stride + (key >> p.page_size_log2)];
-    if (id < 0 || id >= p.num_pages) {
-      raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, id);
-      return {0, 0, false};
-    }
-    page = id;
-    slot = key & ((1 << p.page_size_log2) - 1);
-  }
-  return {page * p.k_stride_page + kvh * p.k_stride_head + slot * p.k_stride_tok,
-          page * p.v_stride_page + kvh * p.v_stride_head + slot * p.v_stride_tok, true};
-}
-
-// One 64-key tile of K and V into shared memory; keys >= key_end become zeros.
+// This thread's share of every K/V tile: one 16-byte column chunk of rows row0, row0 + kRowStep,
+// ... Base pointers and steps are fixed per CTA, so a tile costs one multiply per thread on a
+// contiguous cache; a paged one looks each row's page up (one table entry per row).
 template <class T, int D_TILE>
-__device__ __forceinline__ void load_kv_tile(const DecodeParams& p, int b, int kvh, int key0, int key_end,
-                                             T* k_tile, T* v_tile) {
-  using C = Config<T, D_TILE>;
-  const T* k = static_cast<const T*>(p.k);
-  const T* v = static_cast<const T*>(p.v);
-  const int chunk = threadIdx.x % C::kChunksPerRow, col = chunk * C::kChunk;
-  const bool k_col = col < round16(p.dqk), v_col = col < round16(p.dv);
-#pragma unroll 4
-  for (int row = threadIdx.x / C::kChunksPerRow; row < kKeysPerTile; row += kThreads / C::kChunksPerRow) {
-    const int key = key0 + row;
-    KeyAddress at = {0, 0, false};
-    if (key < key_end) at = key_address(p, b, kvh, key);
-    if (k_col) cp_async_16(k_tile + swizzled<T, D_TILE>(row, col), k + at.k + col, at.ok && col < p.dqk);
-    if (v_col) cp_async_16(v_tile + swizzled<T, D_TILE>(row, col), v + at.v + col, at.ok && col < p.dv);
+struct KvLoader {
+  static constexpr int kRowStep = kThreads / Config<T, D_TILE>::kChunksPerRow;
+  const T* k;  // this thread's column in this kv head (and batch row, when contiguous)
+  const T* v;
+  int row0, col;
+  bool k_write, v_write;  // the chunk lies inside the 16-padded head dim: shared memory gets it
+  bool k_read, v_read;    // ... and inside the real one: global memory is read (else zeros)
+
+  __device__ __forceinline__ KvLoader(const DecodeParams& p, int b, int kvh) {
+    row0 = threadIdx.x / Config<T, D_TILE>::kChunksPerRow;
+    col = (threadIdx.x % Config<T, D_TILE>::kChunksPerRow) * Config<T, D_TILE>::kChunk;
+    const long long page = p.block_table == nullptr ? b : 0;  // paged: the page comes per key
+    k = static_cast<const T*>(p.k) + page * p.k_stride_page + kvh * p.k_stride_head + col;
+    v = static_cast<const T*>(p.v) + page * p.v_stride_page + kvh * p.v_stride_head + col;
+    k_write = col < round16(p.dqk), v_write = col < round16(p.dv);
+    k_read = col < p.dqk, v_read = col < p.dv;
   }
-}
+
+  // One 64-key tile into shared memory; keys >= key_end, and keys whose page id is outside
+  // the pool (reported), become zeros.
+  __device__ __forceinline__ void load(const DecodeParams& p, int b, int key0, int key_end, T* k_tile,
+                                       T* v_tile) const {
+    if (!k_write && !v_write) return;
+    long long k_off = static_cast<long long>(key0 + row0) * p.k_stride_tok;
+    long long v_off = static_cast<long long>(key0 + row0) * p.v_stride_tok;
+#pragma unroll
+    for (int i = 0; i < kKeysPerTile / kRowStep; ++i) {
+      const int row = row0 + i * kRowStep, key = key0 + row;
+      bool live = key < key_end;
+      long long ko = k_off, vo = v_off;
+      if (p.block_table != nullptr && live) {
+        const int id = p.block_table[b * p.block_table_stride + (key >> p.page_size_log2)];
+        const long long slot = key & ((1 << p.page_size_log2) - 1);
+        live = id >= 0 && id < p.num_pages;
+        if (!live) raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, id);
+        ko = id * p.k_stride_page + slot * p.k_stride_tok;
+        vo = id * p.v_stride_page + slot * p.v_stride_tok;
+      }
+      const int at = swizzled<T, D_TILE>(row, col);
+      if (k_write) cp_async_16(k_tile + at, k + (live ? ko : 0), live && k_read);
+      if (v_write) cp_async_16(v_tile + at, v + (live ? vo : 0), live && v_read);
+      k_off += kRowStep * p.k_stride_tok;
+      v_off += kRowStep * p.v_stride_tok;
+    }
+  }
+};
 
 // The query rows of this CTA into shared memory (rows past the group and d past Dqk: zeros).
 template <class T, int D_TILE>
@@ -346,19 +357,35 @@ __device__ __forceinline__ void attend_step(const DecodeParams& p, const T* q_ti
                                             const T* v_tile, int q_row0, int step_key0, int tile_key0,
                                             const int (&lo)[2], const int (&hi)[2], Lane ln,
                                             WarpState<D_TILE>& st) {
-  float s[2][4] = {};
+  // S = Q K^T over d in steps of 16, in two accumulator chains (even / odd steps) to halve
+  // the dependent mma latency, added at the end.
+  float s[2][4] = {}, s_odd[2][4] = {};
 #pragma unroll
   for (int ks = 0; ks < D_TILE / 16; ++ks) {
     if (ks * 16 < p.dqk) {
       const FragA<T> a = load_a<T, D_TILE>(q_tile, q_row0, ks * 16, ln);
       FragB<T> b[2];
       load_b_keys<T, D_TILE>(k_tile, step_key0, ks * 16, ln, b);
-      mma<T>(s[0], a, b[0]);
-      mma<T>(s[1], a, b[1]);
+      float (&acc)[2][4] = ks % 2 ? s_odd : s;
+      mma<T>(acc[0], a, b[0]);
+      mma<T>(acc[1], a, b[1]);
     }
   }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i / 4][i % 4] += s_odd[i / 4][i % 4];
 
-  // Scale, cap, mask; then the online softmax update, one row (g or g + 8) at a time.
+  // Scale and cap to base-2 logits (a warp-uniform branch keeps tanh off the common path).
+  if (p.softcap > 0.f) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i / 4][i % 4] = apply_softcap(s[i / 4][i % 4] * p.scale, p.softcap) * kLog2e;
+  } else {
+    const float scale_log2 = p.scale * kLog2e;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i / 4][i % 4] *= scale_log2;
+  }
+
+  // Mask, then the online softmax update, one row (g or g + 8) at a time.
+  float corrections[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float row_max = neg_inf();
@@ -367,8 +394,7 @@ __device__ __forceinline__ void attend_step(const DecodeParams& p, const T* q_ti
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
         const int key = tile_key0 + step_key0 + 8 * n + 2 * ln.t + c;
-        const float x = apply_softcap(s[n][2 * r + c] * p.scale, p.softcap) * kLog2e;
-        s[n][2 * r + c] = (key >= lo[r] && key < hi[r]) ? x : neg_inf();
+        if (!(key >= lo[r] && key < hi[r])) s[n][2 * r + c] = neg_inf();
         row_max = fmaxf(row_max, s[n][2 * r + c]);
       }
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
@@ -385,11 +411,14 @@ __device__ __forceinline__ void attend_step(const DecodeParams& p, const T* q_ti
       }
     st.l[r] = st.l[r] * correction + sum;
     st.m[r] = m_new;
+    corrections[r] = correction;
+  }
+  // Rescale O only when some row's max moved (after the first keys it rarely does).
+  if (__any_sync(0xffffffffu, corrections[0] != 1.f || corrections[1] != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < D_TILE / 8; ++n) {
-      st.o[n][2 * r] *= correction;
-      st.o[n][2 * r + 1] *= correction;
-    }
+    for (int n = 0; n < D_TILE / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st.o[n][i] *= corrections[i / 2];
   }
 
   const FragA<T> pa = scores_as_a<T>(s);
@@ -462,9 +491,10 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   st.m[0] = st.m[1] = neg_inf();
   st.l[0] = st.l[1] = 0.f;
 
+  const KvLoader<T, D_TILE> loader(p, b, kvh);
   if (num_tiles > 0) load_q<T, D_TILE>(p, b, kvh, row0, cta_rows, q_tile);
   for (int s = 0; s < p.stages - 1; ++s) {
-    if (s < num_tiles) load_kv_tile<T, D_TILE>(p, b, kvh, begin + s * kKeysPerTile, key_end, k_stage(s), v_stage(s));
+    if (s < num_tiles) loader.load(p, b, begin + s * kKeysPerTile, key_end, k_stage(s), v_stage(s));
     cp_async_commit();
   }
   for (int it = 0; it < num_tiles; ++it) {
@@ -472,8 +502,7 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
     __syncthreads();  // tile `it` landed for every thread; the stage read at it - 1 is free
     const int next = it + p.stages - 1;
     if (next < num_tiles)
-      load_kv_tile<T, D_TILE>(p, b, kvh, begin + next * kKeysPerTile, key_end, k_stage(next % p.stages),
-                              v_stage(next % p.stages));
+      loader.load(p, b, begin + next * kKeysPerTile, key_end, k_stage(next % p.stages), v_stage(next % p.stages));
     cp_async_commit();
 
     const int tile_key0 = begin + it * kKeysPerTile;

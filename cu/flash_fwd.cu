@@ -61,6 +61,13 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* 
                : "r"(smem_u32(smem)));
 }
 
+// exp2 without denormal handling: weights below 2^-126 of the row max flush to 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <class T> constexpr bool is_bf16 = false;
 template <> constexpr bool is_bf16<__nv_bfloat16> = true;
 
@@ -107,6 +114,21 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long row_stride
   constexpr int kChunksPerRow = COLS / 8;
   constexpr int kChunks = ROWS * kChunksPerRow;
   static_assert(kChunks % NT == 0, "tile chunks must split evenly over the threads");
+  if constexpr (NT % kChunksPerRow == 0) {
+    // Hot path (a whole, aligned tile): each thread copies one column chunk of every
+    // kRowStep-th row, so its addresses advance by constants.
+    if (vector_io && rows_valid >= ROWS && cols_valid >= COLS) {
+      constexpr int kRowStep = NT / kChunksPerRow;
+      const int r0 = tid / kChunksPerRow, chunk = tid % kChunksPerRow;
+      const T* src = g + r0 * row_stride + chunk * 8;
+#pragma unroll
+      for (int it = 0; it < kChunks / NT; ++it) {
+        const int r = r0 + it * kRowStep;
+        cp_async_16(s + r * COLS + swizzle(r, chunk) * 8, src + it * kRowStep * row_stride);
+      }
+      return;
+    }
+  }
 #pragma unroll
   for (int it = 0; it < kChunks / NT; ++it) {
     const int c = it * NT + tid;
@@ -180,11 +202,14 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   constexpr int STILES = BC / 8;    // n8 score tiles per warp
   constexpr int OTILES = DV / 8;    // n8 output tiles per warp
   constexpr bool Q_IN_REGS = DQK < 256;
+  constexpr int STAGE_ELEMS = BC * (DQK + DV);  // one stage: K tile, then V tile
+  // Once its fragments are in registers, Q's tile is dead: it borrows the last stage,
+  // which the first prefetch of the key loop is the first to overwrite.
+  constexpr bool Q_IN_STAGE = Q_IN_REGS && BR * DQK <= STAGE_ELEMS;
   static_assert(DQK % 64 == 0 && DV % 64 == 0 && BC % 16 == 0, "tile shape");
 
-  T* sq = reinterpret_cast<T*>(dyn_smem);
-  T* sk = sq + BR * DQK;
-  T* sv = sk + STAGES * BC * DQK;
+  T* stages = reinterpret_cast<T*>(dyn_smem);
+  T* sq = Q_IN_STAGE ? stages + (STAGES - 1) * STAGE_ELEMS : stages + STAGES * STAGE_ELEMS;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int num_blocks = (p.seq_q + BR - 1) / BR;
@@ -205,9 +230,10 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
 
   auto load_kv = [&](int stage, int tile) {
     const int n0 = tile * BC;
-    load_tile<T, BC, DQK, NT>(sk + stage * BC * DQK, gk + n0 * p.k_seq_stride, p.k_seq_stride,
-                              p.seq_kv - n0, p.dim_qk, vector_io, tid);
-    load_tile<T, BC, DV, NT>(sv + stage * BC * DV, gv + n0 * p.v_seq_stride, p.v_seq_stride,
+    T* sk = stages + stage * STAGE_ELEMS;
+    load_tile<T, BC, DQK, NT>(sk, gk + n0 * p.k_seq_stride, p.k_seq_stride, p.seq_kv - n0,
+                              p.dim_qk, vector_io, tid);
+    load_tile<T, BC, DV, NT>(sk + BC * DQK, gv + n0 * p.v_seq_stride, p.v_seq_stride,
                              p.seq_kv - n0, p.dim_v, vector_io, tid);
   };
 
@@ -244,6 +270,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks) q_frag(qf[ks], ks);
     }
+    if constexpr (Q_IN_STAGE) __syncthreads();  // all Q reads done before its stage refills
 
     // ldmatrix lane offsets (elements). Every row an ldmatrix touches has row & 7 ==
     // lane & 7, so the swizzled chunk of logical chunk 2*step + c is (2*step) ^ (c ^ lane&7):
@@ -268,8 +295,8 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       if (t + STAGES - 1 < tile_end) load_kv((i + STAGES - 1) % STAGES, t + STAGES - 1);
       cp_async_commit();
 
-      const T* skt = sk + (i % STAGES) * BC * DQK;
-      const T* svt = sv + (i % STAGES) * BC * DV;
+      const T* skt = stages + (i % STAGES) * STAGE_ELEMS;
+      const T* svt = skt + BC * DQK;
       const int n0 = t * BC;
 
       // S = Q K^T for this warp's 16 rows and the tile's BC keys.
@@ -317,7 +344,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         const float sub = exp_subtrahend(mx);
-        const float alpha = exp2f(row_max[r] - sub);
+        const float alpha = exp2_ftz(row_max[r] - sub);
         row_max[r] = mx;
         row_sum[r] *= alpha;
 #pragma unroll
@@ -327,8 +354,8 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
         }
 #pragma unroll
         for (int n = 0; n < STILES; ++n) {
-          s[n][2 * r] = exp2f(s[n][2 * r] - sub);
-          s[n][2 * r + 1] = exp2f(s[n][2 * r + 1] - sub);
+          s[n][2 * r] = exp2_ftz(s[n][2 * r] - sub);
+          s[n][2 * r + 1] = exp2_ftz(s[n][2 * r + 1] - sub);
           row_sum[r] += s[n][2 * r] + s[n][2 * r + 1];
         }
       }
@@ -478,6 +505,14 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
 // ---- entry points --------------------------------------------------------------------
 // Tile table (mirrored by runtime/ops/attention.py _TILES):
 //   name suffix   Dqk  Dv  warps(rows = 16 x warps)  BC(keys/tile)  stages
+// Chosen on the H200 (bf16, 2026-11-29, one run each, TFLOP/s):
+//   B4 H32 S4096 D128 non-causal / causal: 8 warps, BC 64: 2 stages 226 / 198, 3 stages
+//   242 / 209 (268 after the ftz exp2 and hot-path loads), 4 stages 268; 4 warps (2 blocks
+//   an SM) 193 / 174; BC 32: 213 / 188. All fit sm_86's 99 KiB only because Q borrows a stage.
+//   B8 H16 S2048 D64: BC 64 3 stages 177, 4 warps 178, BC 128 2 stages 192 (231 after
+//   the same changes), BC 128 3 stages 231, BC 256 (spills) 199.
+//   D128 BC 128 (spills, sm_90-only shared memory): 267 / 221 against this table's 267 / 236.
+//   PyTorch flash (FA2) ran 348 / 305 and 249 on those shapes: still short, see issue 3.
 #define FLASH_FWD_TC(NAME, T, DQK, DV, WARPS, BC, STAGES)                            \
   extern "C" __global__ void __launch_bounds__(32 * WARPS)                          \
       NAME(const ptxattn::FlashFwdParams p) {                                       \
@@ -487,8 +522,8 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
   FLASH_FWD_TC(flash_fwd_bf16_##SUFFIX, __nv_bfloat16, DQK, DV, WARPS, BC, STAGES) \
   FLASH_FWD_TC(flash_fwd_f16_##SUFFIX, __half, DQK, DV, WARPS, BC, STAGES)
 
-FLASH_FWD_TC_DTYPES(d64, 64, 64, 8, 64, 3)
-FLASH_FWD_TC_DTYPES(d128, 128, 128, 8, 64, 2)
+FLASH_FWD_TC_DTYPES(d64, 64, 64, 8, 128, 2)
+FLASH_FWD_TC_DTYPES(d128, 128, 128, 8, 64, 3)
 FLASH_FWD_TC_DTYPES(d192_128, 192, 128, 8, 32, 2)
 FLASH_FWD_TC_DTYPES(d256, 256, 256, 4, 32, 2)
 

@@ -12,7 +12,10 @@
 // multiplied, so garbage or NaN in its o_i cannot leak. lse_out excludes the sink (see
 // runtime/reference.py); a row with no key at all gives o = 0, lse = -inf.
 //
-// merge_<in>_<out>: one warp per (b, h, s) row, 4 rows per 128-thread CTA, 1-D grid.
+// merge_<in>_<out>: one 128-thread CTA per (b, h, s) row (1-D grid of rows). Every warp finds
+// the row's lse over all states; then warp w sums states w, w + 4, ... (lanes own 4 consecutive
+// d each, several states' loads in flight), and the four warp sums are added in warp order
+// through shared memory. Many states (a long single-sequence split-KV) stay cheap.
 #include "attention_common.cuh"
 
 namespace ptxattn {
@@ -31,7 +34,9 @@ struct MergeParams {
   int batch, heads, seq, dim, num_states;
 };
 
-constexpr int kRowsPerCta = 4;
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kVec = 4;  // consecutive d per lane
 
 // The same value in every lane: reduce down to lane 0, then broadcast.
 __device__ __forceinline__ float warp_max(float x) {
@@ -43,49 +48,92 @@ __device__ __forceinline__ float warp_sum(float x) {
   return __shfl_sync(0xffffffffu, x, 0);
 }
 
+// One state's lse and this lane's kVec values of its o.
+struct StateSlice {
+  float lse;
+  float o[kVec];
+};
+
+// acc += weight * o, the weight exp(lse_i - lse); a zero-weight state is selected away,
+// never multiplied (its o may be NaN).
+__device__ __forceinline__ void accumulate(float (&acc)[kVec], const StateSlice& x, float lse) {
+  const float w = x.lse == neg_inf() ? 0.f : expf(x.lse - lse);
+#pragma unroll
+  for (int v = 0; v < kVec; ++v) acc[v] += w > 0.f ? w * x.o[v] : 0.f;
+}
+
 template <class TIn, class TOut>
-__device__ __forceinline__ void merge_rows(const MergeParams& p) {
-  const long long row = static_cast<long long>(blockIdx.x) * kRowsPerCta + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= static_cast<long long>(p.batch) * p.heads * p.seq) return;
+__device__ __forceinline__ void merge_row(const MergeParams& p) {
+  __shared__ float warp_part[kWarps][32 * kVec];
+  const long long row = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int s = int(row % p.seq), h = int(row / p.seq % p.heads), b = int(row / p.seq / p.heads);
   const float* lse_in = p.lse_in + b * p.lse_in_stride_b + h * p.lse_in_stride_h + s * p.lse_in_stride_s;
   const TIn* o_in = static_cast<const TIn*>(p.o_in) + b * p.o_in_stride_b + h * p.o_in_stride_h + s * p.o_in_stride_s;
 
-  float m = neg_inf();
-  for (int i = lane; i < p.num_states; i += 32) m = fmaxf(m, lse_in[i * p.lse_in_stride_state]);
-  m = warp_max(m);
-  float sum = 0.f;
+  // The row's lse: an online (max, sum) over each lane's states, then across the lanes.
+  float m = neg_inf(), sum = 0.f;
   for (int i = lane; i < p.num_states; i += 32) {
     const float x = lse_in[i * p.lse_in_stride_state];
-    if (x != neg_inf()) sum += expf(x - m);
+    if (x > m) {
+      sum = (m == neg_inf() ? 0.f : sum * expf(m - x)) + 1.f;
+      m = x;
+    } else if (x != neg_inf()) {
+      sum += expf(x - m);
+    }
   }
-  sum = warp_sum(sum);
-  const float lse = sum > 0.f ? m + logf(sum) : neg_inf();
+  const float m_all = warp_max(m);
+  sum = warp_sum(m == neg_inf() ? 0.f : sum * expf(m - m_all));
+  const float lse = sum > 0.f ? m_all + logf(sum) : neg_inf();
   float out_scale = lse == neg_inf() ? 0.f : 1.f;
   if (p.sinks != nullptr && lse != neg_inf()) out_scale = 1.f / (1.f + expf(p.sinks[h] - lse));
 
   TOut* o_out = static_cast<TOut*>(p.o_out) + b * p.o_out_stride_b + h * p.o_out_stride_h + s * p.o_out_stride_s;
-  for (int d = lane; d < p.dim; d += 32) {
-    float acc = 0.f;
-    for (int i = 0; i < p.num_states; ++i) {
-      const float x = lse_in[i * p.lse_in_stride_state];
-      const float w = x == neg_inf() ? 0.f : expf(x - lse);
-      if (w > 0.f) acc += w * to_float(o_in[i * p.o_in_stride_state + d]);
+  for (int d0 = 0; d0 < p.dim; d0 += 32 * kVec) {
+    const int d = d0 + lane * kVec;
+    // This warp's states in order w, w + 4, ...; four loaded ahead of their use.
+    auto load = [&](int i) {
+      StateSlice x;
+      x.lse = lse_in[i * p.lse_in_stride_state];
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) x.o[v] = d + v < p.dim ? to_float(o_in[i * p.o_in_stride_state + d + v]) : 0.f;
+      return x;
+    };
+    float acc[kVec] = {};
+    int i = warp;
+    for (; i + 3 * kWarps < p.num_states; i += 4 * kWarps) {
+      const StateSlice x0 = load(i), x1 = load(i + kWarps), x2 = load(i + 2 * kWarps), x3 = load(i + 3 * kWarps);
+      accumulate(acc, x0, lse);
+      accumulate(acc, x1, lse);
+      accumulate(acc, x2, lse);
+      accumulate(acc, x3, lse);
     }
-    o_out[d] = from_float<TOut>(acc * out_scale);
+    for (; i < p.num_states; i += kWarps) accumulate(acc, load(i), lse);
+#pragma unroll
+    for (int v = 0; v < kVec; ++v) warp_part[warp][lane * kVec + v] = acc[v];
+    __syncthreads();
+    if (warp == 0) {
+#pragma unroll
+      for (int v = 0; v < kVec; ++v) {
+        if (d + v >= p.dim) continue;
+        float total = 0.f;
+        for (int w = 0; w < kWarps; ++w) total += warp_part[w][lane * kVec + v];
+        o_out[d + v] = from_float<TOut>(total * out_scale);
+      }
+    }
+    __syncthreads();
   }
-  if (p.lse_out != nullptr && lane == 0)
+  if (p.lse_out != nullptr && threadIdx.x == 0)
     p.lse_out[b * p.lse_out_stride_b + h * p.lse_out_stride_h + s * p.lse_out_stride_s] = lse;
 }
 
 }  // namespace merge
 }  // namespace ptxattn
 
-#define PTXATTN_MERGE_VARIANT(NAME, TIN, TOUT)                                        \
-  extern "C" __global__ void __launch_bounds__(32 * ptxattn::merge::kRowsPerCta)    \
-      NAME(const ptxattn::merge::MergeParams p) {                                   \
-    ptxattn::merge::merge_rows<TIN, TOUT>(p);                                       \
+#define PTXATTN_MERGE_VARIANT(NAME, TIN, TOUT)                                       \
+  extern "C" __global__ void __launch_bounds__(ptxattn::merge::kThreads)           \
+      NAME(const ptxattn::merge::MergeParams p) {                                  \
+    ptxattn::merge::merge_row<TIN, TOUT>(p);                                       \
   }
 
 PTXATTN_MERGE_VARIANT(merge_f32_f16, float, __half)

@@ -29,7 +29,7 @@ def test_splits_cover_the_capacity_once(batch, capacity):
 
 def test_one_long_sequence_fills_every_sm():
     p = plan(batch=1, capacity=32768)
-    assert p.grid[0] * p.grid[1] * p.grid[2] >= 4 * H200["sm_count"]
+    assert p.grid[0] * p.grid[1] * p.grid[2] >= 2 * H200["sm_count"]
 
 
 @pytest.mark.parametrize("hq, hkv, sq, warps_m, row_blocks", [

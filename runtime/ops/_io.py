@@ -27,6 +27,7 @@ class OpCall:
     stream: Stream
     arrays: dict = field(default_factory=dict)  # name -> np.ndarray (host) or DeviceArray
     _device: Device | None = None
+    _uploads: list = field(default_factory=list)  # kept alive until finish(): kernels read them
 
     @property
     def device(self) -> Device:
@@ -49,7 +50,9 @@ class OpCall:
         arr = self.arrays[name]
         if isinstance(arr, DeviceArray):
             return arr
-        return asarray(arr, self.stream, self.device)
+        uploaded = asarray(arr, self.stream, self.device)
+        self._uploads.append(uploaded)
+        return uploaded
 
     def output(self, shape, dtype, out=None, name: str = "out") -> DeviceArray:
         """A fresh output, or the caller's `out` after checking it matches."""
@@ -76,7 +79,8 @@ class OpCall:
         result.stream = self.stream
         if not self.on_host:
             return result
-        host = result.get(self.stream)
+        host = result.get(self.stream)  # synchronizes: the uploads may be freed now
+        self._uploads.clear()
         if out is not None:
             out[...] = host
             return out

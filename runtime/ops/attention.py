@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..array import DeviceArray, empty
+from ..array import DeviceArray
 from ..context import on_device
 from ..dtypes import bfloat16
 from ..module import ParamStruct, get_kernel
@@ -45,13 +45,16 @@ class _Tile:
 
     @property
     def shared_bytes(self) -> int:
-        return 2 * (self.rows * self.dim_qk + self.stages * self.keys * (self.dim_qk + self.dim_v))
+        stage = self.keys * (self.dim_qk + self.dim_v)
+        # Q_IN_STAGE in the kernel: Q (in registers below Dqk 256) borrows the last stage.
+        q_in_stage = self.dim_qk < 256 and self.rows * self.dim_qk <= stage
+        return 2 * (self.stages * stage + (0 if q_in_stage else self.rows * self.dim_qk))
 
 
 # Smallest first: a head dim runs on the first tile that holds it (zero-padded).
 _TILES = (
-    _Tile("d64", 64, 64, 8, 64, 3),
-    _Tile("d128", 128, 128, 8, 64, 2),
+    _Tile("d64", 64, 64, 8, 128, 2),
+    _Tile("d128", 128, 128, 8, 64, 3),
     _Tile("d192_128", 192, 128, 8, 32, 2),
     _Tile("d256", 256, 256, 4, 32, 2),
 )
@@ -267,7 +270,7 @@ def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", wind
 
     with on_device(call.device):
         o = call.output((batch, hq, sq, dv), dtype, out)
-        lse = empty((batch, hq, sq), np.float32, call.device) if return_lse else None
+        lse = call.output((batch, hq, sq), np.float32, name="lse") if return_lse else None
         if o.size:
             name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv)
             if shared > call.device.max_shared_per_block_optin:
@@ -275,11 +278,11 @@ def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", wind
                     f"sdpa: {name} needs {shared} bytes of shared memory per block, "
                     f"{call.device.name} offers {call.device.max_shared_per_block_optin}"
                 )
+            # Named, so uploads of NumPy inputs stay alive until finish() has synchronized.
+            inputs = {n: call.to_device(n) for n in ("q", "k", "v", "attn_mask", "sinks") if n in a}
             params = _bind(
-                call.to_device("q"), call.to_device("k"), call.to_device("v"), o, lse,
-                call.to_device("attn_mask") if "attn_mask" in a else None,
-                call.to_device("sinks") if "sinks" in a else None,
-                scale=scale, softcap=float(softcap), left=left, right=right,
+                inputs["q"], inputs["k"], inputs["v"], o, lse, inputs.get("attn_mask"),
+                inputs.get("sinks"), scale=scale, softcap=float(softcap), left=left, right=right,
                 diag_offset=skv - sq if causal_align == "bottom_right" else 0,
             )
             get_kernel(name, call.device).launch(grid, block, params, call.stream, shared)

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..array import DeviceArray, from_dlpack
 from ..context import default_device, on_device
+from ..driver import call, cu
 from ..faults import check_faults, fault_buffer
 from ..memory import ALIGNMENT, WorkspaceLayout, arena_for
 from ..module import ParamStruct, get_kernel
@@ -33,8 +34,14 @@ WARPS = THREADS // 32
 D_TILES = (64, 128, 256)  # the decode_split_<dt>_d<D> variants (float32 stops at 128)
 MAX_SQ = 16
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
-CTAS_PER_SM = 16          # grid target: several waves, so ragged live lengths still balance
+CTAS_PER_SM = 4           # grid target: about two waves of the two CTAs an SM holds
 MAX_STAGES = 3
+# Measured on the H200 (bf16, Hq32 Hkv8 D128, Sq 1, graph-replayed step, bench.py --suite decode):
+#   v1  CTAS_PER_SM 16, warp-per-row combine          B64 T8192 1.97 TB/s, B1 T32768 0.58 TB/s
+#   v2  CTAS_PER_SM 4, CTA-per-row combine, carveout  2.35 / 1.45
+#   v3  lean K/V loader, O rescaled only when a max moves, two QK chains: 3.03 / 1.85
+# ncu on v2: 2 CTAs/SM (shared memory bound), DRAM 51 %, 4.4 cycles per issued instruction:
+# issue bound rather than bandwidth bound; next are fewer instructions per key and more warps.
 
 
 class DecodeParams(ParamStruct):
@@ -198,6 +205,18 @@ def resolve_workspace(op: str, workspace, need: int):
 
 
 # ---- running ---------------------------------------------------------------------------------
+_max_carveout: set[int] = set()  # id() of kernels (cached for the process) already configured
+
+
+def _prefer_shared_memory(kernel) -> None:
+    """Ask for the largest shared-memory carveout, so that as many CTAs as the shared memory
+    allows stay resident (the K/V ring is what keeps bytes in flight)."""
+    if id(kernel) not in _max_carveout:
+        call(cu.cuFuncSetAttribute, kernel.function,
+             cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+        _max_carveout.add(id(kernel))
+
+
 @dataclass(frozen=True)
 class KvSource:
     """The caches one decode reads, on the device."""
@@ -243,8 +262,9 @@ def run_decode(op: str, call: OpCall, plan: DecodePlan, src: KvSource, options: 
             src.num_pages, src.page_size.bit_length() - 1, plan.num_splits, plan.keys_per_split,
             plan.warps_m, plan.stages, options.window_left, options.scale, options.softcap,
         )
-        get_kernel(plan.kernel, call.device).launch(plan.grid, (THREADS, 1, 1), params, call.stream,
-                                                    shared_bytes=plan.shared_bytes)
+        kernel = get_kernel(plan.kernel, call.device)
+        _prefer_shared_memory(kernel)
+        kernel.launch(plan.grid, (THREADS, 1, 1), params, call.stream, shared_bytes=plan.shared_bytes)
         splits = plan.num_splits
         launch_merge(call.device, call.stream, in_dtype=np.float32, out_dtype=q.dtype, o_in=o_part,
                      o_in_strides=(dv, hq * sq * splits * dv, sq * splits * dv, splits * dv), lse_in=lse_part,

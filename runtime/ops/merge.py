@@ -17,7 +17,7 @@ from .kv_cache import ATTENTION_DTYPES, check_attention_dtype, check_rank
 
 __all__ = ["merge_states", "merge_states_n"]
 
-ROWS_PER_CTA = 4  # kRowsPerCta in cu/merge.cu (one warp a row)
+THREADS = 128  # kThreads in cu/merge.cu: one CTA per (b, h, s) row
 
 
 class MergeParams(ParamStruct):
@@ -55,7 +55,7 @@ def launch_merge(device, stream: Stream, *, in_dtype, out_dtype, o_in: int, o_in
         return
     name = f"merge_{ATTENTION_DTYPES[np.dtype(in_dtype)]}_{ATTENTION_DTYPES[np.dtype(out_dtype)]}"
     with on_device(device):
-        get_kernel(name, device).launch((-(-rows // ROWS_PER_CTA), 1, 1), (32 * ROWS_PER_CTA, 1, 1), params, stream)
+        get_kernel(name, device).launch((rows, 1, 1), (THREADS, 1, 1), params, stream)
 
 
 def _check_contiguous_last(op: str, name: str, arr) -> None:
