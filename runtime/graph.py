@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from .context import default_device, on_device
 from .device import Device
 from .driver import call, cu
+from .lifetime import capture_ended, capture_started, release
 from .stream import Stream, as_stream
 
 __all__ = ["Graph", "capture"]
@@ -36,7 +37,7 @@ class Graph:
         self._graph = graph
         with on_device(self.device):
             self._exec = call(cu.cuGraphInstantiate, graph, 0)
-        self._finalizer = weakref.finalize(self, _destroy, self._graph, self._exec, self.device)
+        self._finalizer = weakref.finalize(self, release, _destroy, self._graph, self._exec, self.device)
 
     @property
     def instantiated(self) -> bool:
@@ -77,6 +78,7 @@ def capture(stream, device: Device | None = None):
     graph = Graph(dev, st)
     with on_device(dev):
         call(cu.cuStreamBeginCapture, st.handle, _THREAD_LOCAL)
+        capture_started()
         try:
             yield graph
         except BaseException:
@@ -84,5 +86,8 @@ def capture(stream, device: Device | None = None):
             if result[0] == cu.CUresult.CUDA_SUCCESS and result[1] is not None:
                 cu.cuGraphDestroy(result[1])
             raise
-        captured = call(cu.cuStreamEndCapture, st.handle)
+        else:
+            captured = call(cu.cuStreamEndCapture, st.handle)
+        finally:
+            capture_ended()  # runs the frees that were deferred during capture
     graph._set(captured)

@@ -14,6 +14,7 @@ import numpy as np
 from .context import on_device
 from .device import Device
 from .driver import CudaError, call, cu
+from .lifetime import release
 from .stream import Stream
 
 __all__ = [
@@ -63,7 +64,7 @@ class DeviceBuffer:
                 free, total = call(cu.cuMemGetInfo)
                 raise OutOfMemoryError(device, self.nbytes, free, total) from None
         self.ptr = int(dptr)
-        self._finalizer = weakref.finalize(self, _free_device, dptr, device, self.nbytes)
+        self._finalizer = weakref.finalize(self, release, _free_device, dptr, device, self.nbytes)
         _live["buffers"] += 1
         _live["bytes"] += self.nbytes
 
@@ -91,7 +92,7 @@ class PinnedBuffer:
         self.nbytes = int(nbytes)
         with on_device(device):
             self.ptr = int(call(cu.cuMemHostAlloc, max(self.nbytes, 1), 0))
-        self._finalizer = weakref.finalize(self, _free_host, self.ptr, device)
+        self._finalizer = weakref.finalize(self, release, _free_host, self.ptr, device)
 
     def array(self, dtype, shape) -> np.ndarray:
         dtype = np.dtype(dtype)

@@ -51,3 +51,20 @@ def test_allocating_output_refused_while_capturing(rng):
     with pytest.raises(ptxattn.CaptureAllocationError, match=r"would allocate its out \(128 bytes\)"):
         with ptxattn.capture(stream, dev):
             ptxattn.softmax(x, stream=stream)
+
+
+def test_objects_collected_during_capture_are_released_after_it(rng):
+    dev = ptxattn.get_device(0)
+    with on_device(dev):
+        stream = ptxattn.Stream.create()
+    x = ptxattn.asarray(rng.standard_normal((8, 64)).astype(np.float32), stream)
+    y = ptxattn.empty(x.shape, np.float32, dev)
+    ptxattn.softmax(x, out=y, stream=stream)
+    temporary = ptxattn.empty((1024,), np.float32, dev)
+    with ptxattn.capture(stream, dev) as graph:
+        ptxattn.softmax(x, out=y, stream=stream)
+    with ptxattn.capture(stream, dev) as graph:  # rebinding drops the first graph mid-capture
+        del temporary  # and a buffer is freed mid-capture
+        ptxattn.softmax(x, out=y, stream=stream)
+    graph.replay()
+    np.testing.assert_allclose(y.get(stream), reference.softmax(x.get()), rtol=1e-5, atol=1e-7)
