@@ -39,25 +39,70 @@ def _run_probe(dev) -> str:
     return "ran" if int(cell.get()[0]) == 1234 else "returned a WRONG value"
 
 
+def _timed(fn, stream) -> float:
+    """Milliseconds of device time for fn() on `stream` (after one warm-up call)."""
+    from .stream import Event
+
+    fn()
+    start = Event(timing=True).record(stream)
+    fn()
+    end = Event(timing=True).record(stream)
+    end.synchronize()
+    return start.elapsed_ms(end)
+
+
+def _check(name: str, error: float, bound: float) -> None:
+    if not error < bound:
+        raise SystemExit(f"demo: {name} does not match the float64 reference (error {error:.2e} > {bound:.0e})")
+
+
 def demo() -> None:
+    """Softmax, attention and a decode step on the GPU, each checked against the reference."""
     import ptxattn
-    from .module import loaded_arch
     from . import reference
+    from .context import on_device
+    from .module import loaded_arch
 
     rng = np.random.default_rng()
-    x = rng.standard_normal((64, 4096), dtype=np.float32) * 4
     dev = ptxattn.get_device(0)
-    ptxattn.softmax(x)  # load the module and warm up
+    print(f"device:   {dev.name} (compute capability {dev.compute_capability[0]}.{dev.compute_capability[1]}, "
+          f"{dev.sm_count} SMs); PTX loaded for {loaded_arch(dev, 'softmax')}")
+    with on_device(dev):
+        stream = ptxattn.Stream.create()
+
+    x = rng.standard_normal((64, 4096), dtype=np.float32) * 4
+    ptxattn.softmax(x)  # NumPy in, NumPy out
     start = time.perf_counter()
     y = ptxattn.softmax(x)
-    elapsed = time.perf_counter() - start
+    host_ms = (time.perf_counter() - start) * 1e3
     err = float(np.max(np.abs(y - reference.softmax(x))))
-    print(f"device:   {dev.name} (compute capability {dev.compute_capability[0]}.{dev.compute_capability[1]})")
-    print(f"ptx:      softmax loaded from ptx/{loaded_arch(dev, 'softmax')}/softmax.ptx")
-    print(f"softmax:  {x.shape} float32 in {elapsed * 1e3:.3f} ms (host to host); "
-          f"max |error| vs float64 reference {err:.2e}")
-    if not err < 1e-6:
-        raise SystemExit("demo: the GPU result does not match the reference")
+    _check("softmax", err, 1e-6)
+    print(f"softmax:  {x.shape} float32, NumPy to NumPy in {host_ms:.3f} ms; max |error| {err:.1e}")
+
+    b, h, s, d = 2, 8, 1024, 128
+    q, k, v = (rng.standard_normal((b, h, s, d)).astype(ptxattn.bfloat16) for _ in range(3))
+    qd, kd, vd = (ptxattn.asarray(t, stream) for t in (q, k, v))
+    ms = _timed(lambda: ptxattn.sdpa(qd, kd, vd, causal=True, stream=stream), stream)
+    o = ptxattn.sdpa(qd, kd, vd, causal=True, stream=stream).get()
+    ref, _ = reference.sdpa(q, k, v, causal=True)
+    err = float(np.linalg.norm(o.astype(np.float64) - ref) / np.linalg.norm(ref))
+    _check("sdpa", err, 1.6e-2)
+    flops = 4 * b * h * s * s * d / 2
+    print(f"sdpa:     B{b} H{h} S{s} D{d} bfloat16 causal in {ms:.3f} ms ({flops / ms / 1e9:.0f} TFLOP/s); "
+          f"relative error {err:.1e}")
+
+    batch, hq, hkv, capacity = 8, 32, 8, 2048
+    lengths = rng.integers(1, capacity + 1, batch).astype(np.int32)
+    kc, vc = (rng.standard_normal((batch, hkv, capacity, d)).astype(ptxattn.bfloat16) for _ in range(2))
+    qn = rng.standard_normal((batch, hq, 1, d)).astype(ptxattn.bfloat16)
+    args = [ptxattn.asarray(t, stream) for t in (qn, kc, vc, lengths)]
+    ms = _timed(lambda: ptxattn.decode(*args, stream=stream), stream)
+    o = ptxattn.decode(*args, stream=stream).get()
+    ref = reference.decode(qn, kc, vc, lengths)[0]
+    err = float(np.linalg.norm(o.astype(np.float64) - ref) / np.linalg.norm(ref))
+    _check("decode", err, 1.6e-2)
+    print(f"decode:   B{batch} Hq{hq} Hkv{hkv} D{d} bfloat16, capacity {capacity}, live lengths "
+          f"{lengths.min()}..{lengths.max()}, in {ms:.3f} ms; relative error {err:.1e}")
     print("demo: OK")
 
 
