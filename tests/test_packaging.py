@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # cwd elsewhere: a build/ folder in the checkout would shadow the `build` package.
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True)
+                   check=True, capture_output=True, cwd=out)
     (path,) = out.glob("ptxattn-*.whl")
     return path
 
