@@ -12,20 +12,23 @@
 // merge.cu's fixed-order combine turns the partials into o and lse (and applies sinks).
 //
 // decode_split_<dt>_d<D>: grid (splits, Hkv * row_blocks, B), 128 threads (4 warps), dynamic
-// shared memory (16 * warps_m + stages * 2 * kKeysPerTile) * D * sizeof(T) bytes, and at least
-// the end-of-CTA merge's (2 + D) * 64 floats (runtime/ops/decode.py sizes it). One CTA reads the keys
+// shared memory sized by runtime/ops/decode.py (shared_bytes). One CTA reads the keys
 // [split * keys_per_split, +keys_per_split) of one (batch, kv head) once, for all Hq/Hkv query
-// heads x Sq rows of its group ("rows", head-major: row = head_in_group * Sq + t). Rows are
-// cut in m-tiles of 16 (mma.sync m16n8k16, fp32 accumulate): warps_m warps along the rows and
-// 4 / warps_m along the keys; each warp keeps its own online-softmax state and the warps of an
-// m-tile are merged in shared memory at the end. K/V tiles of 64 keys stream through a
-// cp.async ring. Keys at or past the row's live end are never read (zero-filled), so NaN in
-// the unused cache tail cannot reach the output.
+// heads x Sq rows of its group ("rows", head-major: row = head_in_group * Sq + t). Rows are cut
+// in m-tiles of 16 (mma.sync m16n8k16, fp32 accumulate): warps_m warps along the rows form a
+// warp group, and the 4 / warps_m groups share the keys in blocks of 16 (block j of the split
+// goes to group j % groups). Each group streams its blocks through its own cp.async ring and
+// synchronises only its own warps (one warp: __syncwarp), so no CTA-wide barrier runs while
+// keys stream. Each warp keeps its own online-softmax state; the groups are merged in shared
+// memory at the end, in warp order. Keys at or past the row's live end are never read
+// (zero-filled), so NaN in the unused cache tail cannot reach the output; a split with no live
+// key writes its neutral partial and returns at once.
 //
 // f32 operands run on the same bf16 tensor-core path, each value split into three bf16 terms
 // (hi + mid + lo carries 24 mantissa bits) and the six significant cross products summed in
 // fp32: fp32-level accuracy without a second code path.
 #include "attention_common.cuh"
+#include "mma.cuh"
 
 namespace ptxattn {
 namespace decode {
@@ -48,9 +51,9 @@ struct DecodeParams {
   int num_pages;       // pages in the pool (paged only)
   int page_size_log2;  // paged only
   int num_splits;
-  int keys_per_split;  // a multiple of kKeysPerTile
-  int warps_m;         // 1, 2 or 4
-  int stages;          // depth of the K/V cp.async ring: 2, 3 or 4
+  int keys_per_split;  // a multiple of kBlockKeys * kWarps
+  int warps_m;         // 1, 2 or 4 warps along the rows (a warp group)
+  int stages;          // depth of each group's K/V cp.async ring: 2, 3 or 4
   int window_left;     // kUnboundedWindow when unbounded
   float scale;
   float softcap;
@@ -58,67 +61,42 @@ struct DecodeParams {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kKeysPerTile = 64;
-constexpr int kKeysPerStep = 16;  // one warp's block of scores: 16 rows x 16 keys
+constexpr int kBlockKeys = 16;  // keys a group takes per step: one 16 x 16 block of scores a warp
 
-// D_TILE bounds both Dqk and Dv (runtime values, multiples of 8 / 4 for f32, padded to 16).
+// D_TILE bounds both Dqk and Dv (runtime values, multiples of 8 / 4 for f32).
 template <class T, int D_TILE>
 struct Config {
   static constexpr int kChunk = 16 / int(sizeof(T));  // elements in one 16-byte chunk
   static constexpr int kChunksPerRow = D_TILE / kChunk;
-  static constexpr int kTileElems = kKeysPerTile * D_TILE;
+  static constexpr int kBlockElems = kBlockKeys * D_TILE;
+  static constexpr int kRowsPerLane = kBlockKeys * kChunksPerRow / 32;  // one warp copies a block
   static_assert(kChunksPerRow >= 8, "the XOR swizzle needs rows of at least 128 bytes");
-  static_assert(kThreads % kChunksPerRow == 0, "loader mapping");
+  static_assert(kThreads % kChunksPerRow == 0, "query loader mapping");
 };
 
-// ---- shared-memory tiles: row-major, 16-byte chunks XOR-swizzled by row (no ldmatrix bank
-// conflicts) -----------------------------------------------------------------------------
+// Shared-memory tiles are row-major with 16-byte chunks XOR-swizzled by row (mma.cuh).
 template <class T, int D_TILE>
-__device__ __forceinline__ int swizzled(int row, int col) {
+__device__ __forceinline__ int tile_offset(int row, int col) {
   constexpr int kChunk = Config<T, D_TILE>::kChunk;
-  return row * D_TILE + (((col / kChunk) ^ (row & 7)) * kChunk) + (col % kChunk);
+  return row * D_TILE + swizzle(row, col / kChunk) * kChunk + col % kChunk;
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared (bypassing L1, asking L2 to fetch the whole 128-byte line);
-// read = false writes zeros and reads nothing.
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool read) {
-  asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(read ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-// Wait until at most stages - 2 groups are in flight (the ring depth is a runtime value).
-__device__ __forceinline__ void cp_async_wait_ring(int stages) {
-  if (stages >= 4) cp_async_wait<2>();
-  else if (stages == 3) cp_async_wait<1>();
-  else cp_async_wait<0>();
+// Column slice ks (elements 16 ks .. +16, chunks 2 ks and 2 ks + 1) of a 16-bit tile, for a
+// lane whose ldmatrix row r has r % 8 fixed and which reads chunk 2 ks + h: the stored chunk
+// (2 ks + h) ^ (r & 7) is (2 ks & ~7) + ((2 ks & 7) ^ x) with x = h ^ (r & 7), so x is computed
+// once per lane and every ks costs one XOR with a constant.
+__device__ __forceinline__ int slice_offset(int x, int ks) {
+  return ((2 * ks) & ~7) * 8 + (((2 * ks) & 7) ^ x) * 8;
 }
 
 // ---- mma operands -------------------------------------------------------------------------
-// Terms<T>: how many bf16/f16 terms carry one value of T. Fragments are arrays of 32-bit
-// registers holding two 16-bit elements each, laid out as mma.m16n8k16 wants them.
+// Operand<T>::kTerms: how many bf16/f16 terms carry one value of T. Fragments are arrays of
+// 32-bit registers holding two 16-bit elements each, laid out as mma.m16n8k16 wants them.
 template <class T> struct Operand { static constexpr int kTerms = 1; };
 template <> struct Operand<float> { static constexpr int kTerms = 3; };
 
-template <class T>
-__device__ __forceinline__ unsigned pack2(float lo, float hi);
-template <>
-__device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
-  __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<unsigned*>(&h);
-}
-template <>
-__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<unsigned*>(&h);
-}
+template <class T> struct MmaType { using type = T; };
+template <> struct MmaType<float> { using type = __nv_bfloat16; };
 
 // (x0, x1) as Operand<T>::kTerms packed pairs; for f32, x = hi + mid + lo in bf16.
 template <class T>
@@ -137,29 +115,6 @@ __device__ __forceinline__ void to_terms(float x0, float x1, unsigned (&out)[Ope
 }
 
 template <class T>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]);
-template <>
-__device__ __forceinline__ void mma_16816<__half>(float (&c)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-template <>
-__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&c)[4], const unsigned (&a)[4],
-                                                         const unsigned (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-template <class T> struct MmaType { using type = T; };
-template <> struct MmaType<float> { using type = __nv_bfloat16; };
-
-template <class T>
 struct FragA { unsigned r[Operand<T>::kTerms][4]; };
 template <class T>
 struct FragB { unsigned r[Operand<T>::kTerms][2]; };
@@ -171,37 +126,38 @@ __device__ __forceinline__ void mma(float (&c)[4], const FragA<T>& a, const Frag
 #pragma unroll
   for (int i = kTerms - 1; i >= 0; --i)
 #pragma unroll
-    for (int j = kTerms - 1 - i; j >= 0; --j) mma_16816<typename MmaType<T>::type>(c, a.r[i], b.r[j]);
+    for (int j = kTerms - 1 - i; j >= 0; --j) mma_16816<typename MmaType<T>::type>(c, a.r[i], b.r[j][0], b.r[j][1]);
 }
 
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-// Lane coordinates inside an mma fragment: g = row group, t = thread in group.
+// Lane coordinates inside an mma fragment (g = row group, t = thread in group) and, for the
+// 16-bit ldmatrix loads, each operand's row in a 16-row tile and its slice XOR.
 struct Lane {
   int g, t, lane;
+  int a_row, a_x;  // A = Q
+  int k_row, k_x;  // B = K (keys along n)
+  int v_row, v_x;  // B = V (transposed load)
 };
 
-// A = tile[row0 .. +16, col0 .. +16] (row-major).
+__device__ __forceinline__ Lane make_lane(int lane) {
+  Lane ln;
+  ln.g = lane / 4, ln.t = lane % 4, ln.lane = lane;
+  ln.a_row = lane & 15, ln.a_x = (lane >> 4) ^ (lane & 7);
+  ln.k_row = (lane & 7) + 8 * (lane >> 4), ln.k_x = ((lane >> 3) & 1) ^ (lane & 7);
+  ln.v_row = (lane & 7) + 8 * ((lane >> 3) & 1), ln.v_x = (lane >> 4) ^ (lane & 7);
+  return ln;
+}
+
+// A = tile[row0 .. +16, 16 ks .. +16] (row-major, row0 a multiple of 8).
 template <class T, int D_TILE>
-__device__ __forceinline__ FragA<T> load_a(const T* tile, int row0, int col0, Lane ln) {
+__device__ __forceinline__ FragA<T> load_a(const T* tile, int row0, int ks, const Lane& ln) {
   FragA<T> a;
   if constexpr (sizeof(T) == 2) {
-    const int row = row0 + (ln.lane & 15), col = col0 + 8 * (ln.lane >> 4);
-    ldmatrix_x4(a.r[0], tile + swizzled<T, D_TILE>(row, col));
+    ldmatrix_x4(a.r[0], smem_u32(tile + (row0 + ln.a_row) * D_TILE + slice_offset(ln.a_x, ks)));
   } else {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {  // reg i: row g + 8 (i & 1), cols 2t + 8 (i >> 1)
       const float2 x = *reinterpret_cast<const float2*>(
-          tile + swizzled<T, D_TILE>(row0 + ln.g + 8 * (i & 1), col0 + 2 * ln.t + 8 * (i >> 1)));
+          tile + tile_offset<T, D_TILE>(row0 + ln.g + 8 * (i & 1), 16 * ks + 2 * ln.t + 8 * (i >> 1)));
       unsigned terms[3];
       to_terms<T>(x.x, x.y, terms);
 #pragma unroll
@@ -211,13 +167,12 @@ __device__ __forceinline__ FragA<T> load_a(const T* tile, int row0, int col0, La
   return a;
 }
 
-// B for S = Q K^T: two n-tiles (keys key0 .. +8, +8 .. +16) over d col0 .. +16, K row-major [key][d].
+// B for S = Q K^T: two n-tiles (keys 0 .. 8, 8 .. 16 of a block) over d 16 ks .. +16.
 template <class T, int D_TILE>
-__device__ __forceinline__ void load_b_keys(const T* tile, int key0, int col0, Lane ln, FragB<T> (&b)[2]) {
+__device__ __forceinline__ void load_b_keys(const T* block, int ks, const Lane& ln, FragB<T> (&b)[2]) {
   if constexpr (sizeof(T) == 2) {
-    const int key = key0 + (ln.lane & 7) + 8 * (ln.lane >> 4), col = col0 + 8 * ((ln.lane >> 3) & 1);
     unsigned r[4];
-    ldmatrix_x4(r, tile + swizzled<T, D_TILE>(key, col));
+    ldmatrix_x4(r, smem_u32(block + ln.k_row * D_TILE + slice_offset(ln.k_x, ks)));
     b[0].r[0][0] = r[0], b[0].r[0][1] = r[1], b[1].r[0][0] = r[2], b[1].r[0][1] = r[3];
   } else {
 #pragma unroll
@@ -225,7 +180,7 @@ __device__ __forceinline__ void load_b_keys(const T* tile, int key0, int col0, L
 #pragma unroll
       for (int i = 0; i < 2; ++i) {  // reg i: key g, d 2t + 8 i
         const float2 x = *reinterpret_cast<const float2*>(
-            tile + swizzled<T, D_TILE>(key0 + 8 * n + ln.g, col0 + 2 * ln.t + 8 * i));
+            block + tile_offset<T, D_TILE>(8 * n + ln.g, 16 * ks + 2 * ln.t + 8 * i));
         unsigned terms[3];
         to_terms<T>(x.x, x.y, terms);
 #pragma unroll
@@ -234,29 +189,28 @@ __device__ __forceinline__ void load_b_keys(const T* tile, int key0, int col0, L
   }
 }
 
-// B for O += P V: two n-tiles (d col0 .. +8, +8 .. +16) over keys key0 .. +16, V row-major [key][d].
+// B for O += P V: two n-tiles (d 16 j .. +8, +8 .. +16) over the 16 keys of a block.
 template <class T, int D_TILE>
-__device__ __forceinline__ void load_b_values(const T* tile, int key0, int col0, Lane ln, FragB<T> (&b)[2]) {
+__device__ __forceinline__ void load_b_values(const T* block, int j, const Lane& ln, FragB<T> (&b)[2]) {
   if constexpr (sizeof(T) == 2) {
-    const int key = key0 + (ln.lane & 7) + 8 * ((ln.lane >> 3) & 1), col = col0 + 8 * (ln.lane >> 4);
     unsigned r[4];
-    ldmatrix_x4_trans(r, tile + swizzled<T, D_TILE>(key, col));
+    ldmatrix_x4_trans(r, smem_u32(block + ln.v_row * D_TILE + slice_offset(ln.v_x, j)));
     b[0].r[0][0] = r[0], b[0].r[0][1] = r[1], b[1].r[0][0] = r[2], b[1].r[0][1] = r[3];
   } else {
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int i = 0; i < 2; ++i) {  // reg i: keys 2t, 2t + 1 (+ 8 i), d g
-        const int key = key0 + 2 * ln.t + 8 * i, col = col0 + 8 * n + ln.g;
+        const int key = 2 * ln.t + 8 * i, col = 16 * j + 8 * n + ln.g;
         unsigned terms[3];
-        to_terms<T>(tile[swizzled<T, D_TILE>(key, col)], tile[swizzled<T, D_TILE>(key + 1, col)], terms);
+        to_terms<T>(block[tile_offset<T, D_TILE>(key, col)], block[tile_offset<T, D_TILE>(key + 1, col)], terms);
 #pragma unroll
-        for (int j = 0; j < 3; ++j) b[n].r[j][i] = terms[j];
+        for (int k = 0; k < 3; ++k) b[n].r[k][i] = terms[k];
       }
   }
 }
 
-// P (scores of one 16 x 16 step, as accumulators) as the A operand of the next mma.
+// P (scores of one 16 x 16 block, as accumulators) as the A operand of the next mma.
 template <class T>
 __device__ __forceinline__ FragA<T> scores_as_a(const float (&p)[2][4]) {
   FragA<T> a;
@@ -270,68 +224,109 @@ __device__ __forceinline__ FragA<T> scores_as_a(const float (&p)[2][4]) {
   return a;
 }
 
-// ---- the split kernel -----------------------------------------------------------------------
-__host__ __device__ constexpr int round16(int x) { return (x + 15) / 16 * 16; }
-
-// This thread's share of every K/V tile: one 16-byte column chunk of rows row0, row0 + kRowStep,
-// ... Base pointers and steps are fixed per CTA, so a tile costs one multiply per thread on a
-// contiguous cache; a paged one looks each row's page up (one table entry per row).
+// ---- moving keys and queries into shared memory ---------------------------------------------
+// One warp copies one block (kBlockKeys keys of K and V) into a ring stage. Lane l copies the
+// 16-byte column chunk l % chunks_per_row of kRowsPerLane consecutive rows, so the lane's rows
+// lie in one page whenever pages hold at least kRowsPerLane keys: one block_table lookup per
+// block, and a steady state with no per-row predicate. Keys at or past key_end, and keys whose
+// page id lies outside the pool (reported), become zeros. Columns at or past Dqk / Dv are never
+// written here (zero_padding cleared them once).
 template <class T, int D_TILE>
-struct KvLoader {
-  static constexpr int kRowStep = kThreads / Config<T, D_TILE>::kChunksPerRow;
-  const T* k;  // this thread's column in this kv head (and batch row, when contiguous)
-  const T* v;
-  int row0, col;
-  bool k_write, v_write;  // the chunk lies inside the 16-padded head dim: shared memory gets it
-  bool k_read, v_read;    // ... and inside the real one: global memory is read (else zeros)
+struct BlockLoader {
+  using C = Config<T, D_TILE>;
+  static constexpr int kRows = C::kRowsPerLane;
+  static constexpr int kRowBytes = D_TILE * int(sizeof(T));
+  static constexpr int kBlockBytes = C::kBlockElems * int(sizeof(T));
+  const char* k;     // this lane's column in kv head kvh (and batch row b, when contiguous)
+  const char* v;
+  const int* table;  // row b of the block table, or null for a contiguous cache
+  long long k_tok, v_tok, k_page, v_page;  // strides in bytes
+  int row0;          // first of this lane's rows in a block
+  int dst0;          // byte offset of row row0, chunk x, in a stage
+  int x;             // chunk ^ (row0 & 7): row row0 + i keeps the lane's chunk at x ^ (i & 7)
+  bool k_read, v_read;
 
-  __device__ __forceinline__ KvLoader(const DecodeParams& p, int b, int kvh) {
-    row0 = threadIdx.x / Config<T, D_TILE>::kChunksPerRow;
-    col = (threadIdx.x % Config<T, D_TILE>::kChunksPerRow) * Config<T, D_TILE>::kChunk;
-    const long long page = p.block_table == nullptr ? b : 0;  // paged: the page comes per key
-    k = static_cast<const T*>(p.k) + page * p.k_stride_page + kvh * p.k_stride_head + col;
-    v = static_cast<const T*>(p.v) + page * p.v_stride_page + kvh * p.v_stride_head + col;
-    k_write = col < round16(p.dqk), v_write = col < round16(p.dv);
+  __device__ __forceinline__ BlockLoader(const DecodeParams& p, int b, int kvh, int lane) {
+    const int chunk = lane % C::kChunksPerRow, col = chunk * C::kChunk;
+    row0 = lane / C::kChunksPerRow * kRows;
+    x = chunk ^ (row0 & 7);
+    dst0 = row0 * kRowBytes;
+    table = p.block_table == nullptr ? nullptr : p.block_table + b * p.block_table_stride;
+    const long long page = table == nullptr ? b : 0;  // paged: the page comes per block
+    const T* k_col = static_cast<const T*>(p.k) + page * p.k_stride_page + kvh * p.k_stride_head + col;
+    const T* v_col = static_cast<const T*>(p.v) + page * p.v_stride_page + kvh * p.v_stride_head + col;
+    k = reinterpret_cast<const char*>(k_col), v = reinterpret_cast<const char*>(v_col);
+    k_tok = p.k_stride_tok * int(sizeof(T)), v_tok = p.v_stride_tok * int(sizeof(T));
+    k_page = p.k_stride_page * int(sizeof(T)), v_page = p.v_stride_page * int(sizeof(T));
     k_read = col < p.dqk, v_read = col < p.dv;
   }
 
-  // One 64-key tile into shared memory; keys >= key_end, and keys whose page id is outside
-  // the pool (reported), become zeros.
-  __device__ __forceinline__ void load(const DecodeParams& p, int b, int key0, int key_end, T* k_tile,
-                                       T* v_tile) const {
-    if (!k_write && !v_write) return;
-    long long k_off = static_cast<long long>(key0 + row0) * p.k_stride_tok;
-    long long v_off = static_cast<long long>(key0 + row0) * p.v_stride_tok;
+  // Byte offset of this lane's chunk of row row0 + i in a stage (row0 is a multiple of kRows,
+  // a power of two, so (row0 + i) & 7 == (row0 & 7) ^ (i & 7)).
+  __device__ __forceinline__ int dst(int i) const { return dst0 + i * kRowBytes + ((x ^ (i & 7)) << 4); }
+
+  // Byte offsets of `key` from k / v; false (reported) for a page id outside the pool.
+  __device__ __forceinline__ bool locate(const DecodeParams& p, int b, int key, long long& k_off,
+                                         long long& v_off) const {
+    if (table == nullptr) {
+      k_off = key * k_tok, v_off = key * v_tok;
+      return true;
+    }
+    const int id = table[key >> p.page_size_log2];
+    if (id < 0 || id >= p.num_pages) {
+      raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, id);
+      return false;
+    }
+    const int slot = key & ((1 << p.page_size_log2) - 1);
+    k_off = id * k_page + slot * k_tok;
+    v_off = id * v_page + slot * v_tok;
+    return true;
+  }
+
+  // The block of keys key0 .. key0 + kBlockKeys (key0 a multiple of kBlockKeys) into stage.
+  __device__ __forceinline__ void load(const DecodeParams& p, int b, int key0, int key_end, T* stage) const {
+    char* k_stage = reinterpret_cast<char*>(stage);
+    char* v_stage = k_stage + kBlockBytes;
+    const int first = key0 + row0;
+    const int live = key_end - first;  // rows of this lane inside the live length
+    long long k_off = 0, v_off = 0;
+    bool ok = live > 0 && locate(p, b, first, k_off, v_off);
+    const bool one_page = table == nullptr || (kRows >> p.page_size_log2) <= 1;
+    if (ok && live >= kRows && one_page) {
+      const char* k_src = k + k_off;
+      const char* v_src = v + v_off;
 #pragma unroll
-    for (int i = 0; i < kKeysPerTile / kRowStep; ++i) {
-      const int row = row0 + i * kRowStep, key = key0 + row;
-      bool live = key < key_end;
-      long long ko = k_off, vo = v_off;
-      if (p.block_table != nullptr && live) {
-        const int id = p.block_table[b * p.block_table_stride + (key >> p.page_size_log2)];
-        const long long slot = key & ((1 << p.page_size_log2) - 1);
-        live = id >= 0 && id < p.num_pages;
-        if (!live) raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, id);
-        ko = id * p.k_stride_page + slot * p.k_stride_tok;
-        vo = id * p.v_stride_page + slot * p.v_stride_tok;
+      for (int i = 0; i < kRows; ++i) {
+        if (k_read) cp_async_16(k_stage + dst(i), k_src);
+        if (v_read) cp_async_16(v_stage + dst(i), v_src);
+        k_src += k_tok;
+        v_src += v_tok;
       }
-      const int at = swizzled<T, D_TILE>(row, col);
-      if (k_write) cp_async_16(k_tile + at, k + (live ? ko : 0), live && k_read);
-      if (v_write) cp_async_16(v_tile + at, v + (live ? vo : 0), live && v_read);
-      k_off += kRowStep * p.k_stride_tok;
-      v_off += kRowStep * p.v_stride_tok;
+      return;
+    }
+    // The live end, a page boundary or a bad page falls inside this lane's rows.
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int key = first + i;
+      if (i > 0 && i < live && table != nullptr && (key & ((1 << p.page_size_log2) - 1)) == 0)
+        ok = locate(p, b, key, k_off, v_off);
+      const bool read = ok && i < live;
+      if (k_read) cp_async_16_or_zero(k_stage + dst(i), read ? k + k_off : k, read);
+      if (v_read) cp_async_16_or_zero(v_stage + dst(i), read ? v + v_off : v, read);
+      k_off += k_tok;
+      v_off += v_tok;
     }
   }
 };
 
-// The query rows of this CTA into shared memory (rows past the group and d past Dqk: zeros).
+// The query rows of this CTA into shared memory, every column of the tile (rows past the
+// group and columns past Dqk: zeros).
 template <class T, int D_TILE>
 __device__ __forceinline__ void load_q(const DecodeParams& p, int b, int kvh, int row0, int rows, T* q_tile) {
   using C = Config<T, D_TILE>;
   const T* q = static_cast<const T*>(p.q);
   const int group_rows = (p.hq / p.hkv) * p.sq;
-  const int chunk = threadIdx.x % C::kChunksPerRow, col = chunk * C::kChunk;
-  if (col >= round16(p.dqk)) return;
+  const int col = threadIdx.x % C::kChunksPerRow * C::kChunk;
   for (int r = threadIdx.x / C::kChunksPerRow; r < rows; r += kThreads / C::kChunksPerRow) {
     const int gr = row0 + r;
     const bool live = gr < group_rows && col < p.dqk;
@@ -340,10 +335,26 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, int b, int kvh, in
       const int head = kvh * (p.hq / p.hkv) + gr / p.sq, t = gr % p.sq;
       off = b * p.q_stride_b + head * p.q_stride_h + t * p.q_stride_s + col;
     }
-    cp_async_16(q_tile + swizzled<T, D_TILE>(r, col), q + off, live);
+    cp_async_16_or_zero(q_tile + tile_offset<T, D_TILE>(r, col), q + off, live);
   }
 }
 
+// Zeros in the columns at or past Dqk (K tiles) and Dv (V tiles) of every ring stage, which
+// the block loader never writes: the mma then runs over the whole tile with no guard.
+template <class T, int D_TILE>
+__device__ __forceinline__ void zero_padding(const DecodeParams& p, T* rings, int stages_total) {
+  using C = Config<T, D_TILE>;
+  const int chunks = stages_total * 2 * kBlockKeys * C::kChunksPerRow;
+  for (int i = threadIdx.x; i < chunks; i += kThreads) {
+    const int chunk = i % C::kChunksPerRow, row = i / C::kChunksPerRow % kBlockKeys;
+    const int tile = i / (C::kChunksPerRow * kBlockKeys);  // even: K, odd: V
+    if (chunk * C::kChunk >= (tile % 2 ? p.dv : p.dqk))
+      *reinterpret_cast<uint4*>(rings + tile * C::kBlockElems + tile_offset<T, D_TILE>(row, chunk * C::kChunk)) =
+          make_uint4(0, 0, 0, 0);
+  }
+}
+
+// ---- attention over one block ---------------------------------------------------------------
 // One warp's running state for its 16 rows: rows g and g + 8 of the m-tile for this lane.
 template <int D_TILE>
 struct WarpState {
@@ -352,24 +363,30 @@ struct WarpState {
   float l[2];              // this lane's part of the running sum
 };
 
+// Visible keys [lo, hi) of this lane's rows g and g + 8, and the keys every row of the warp
+// sees: blocks inside [full_lo, full_hi) need no mask.
+struct RowKeys {
+  int lo[2], hi[2];
+  int full_lo, full_hi;
+};
+
+__device__ __forceinline__ float exp2_minus(float x, float row_max) { return exp2_ftz(x - exp_subtrahend(row_max)); }
+
 template <class T, int D_TILE>
-__device__ __forceinline__ void attend_step(const DecodeParams& p, const T* q_tile, const T* k_tile,
-                                            const T* v_tile, int q_row0, int step_key0, int tile_key0,
-                                            const int (&lo)[2], const int (&hi)[2], Lane ln,
-                                            WarpState<D_TILE>& st) {
+__device__ __forceinline__ void attend_block(const DecodeParams& p, const T* q_tile, const T* k_block,
+                                             const T* v_block, int q_row0, int key0, const RowKeys& keys,
+                                             const Lane& ln, WarpState<D_TILE>& st) {
   // S = Q K^T over d in steps of 16, in two accumulator chains (even / odd steps) to halve
   // the dependent mma latency, added at the end.
   float s[2][4] = {}, s_odd[2][4] = {};
 #pragma unroll
   for (int ks = 0; ks < D_TILE / 16; ++ks) {
-    if (ks * 16 < p.dqk) {
-      const FragA<T> a = load_a<T, D_TILE>(q_tile, q_row0, ks * 16, ln);
-      FragB<T> b[2];
-      load_b_keys<T, D_TILE>(k_tile, step_key0, ks * 16, ln, b);
-      float (&acc)[2][4] = ks % 2 ? s_odd : s;
-      mma<T>(acc[0], a, b[0]);
-      mma<T>(acc[1], a, b[1]);
-    }
+    const FragA<T> a = load_a<T, D_TILE>(q_tile, q_row0, ks, ln);
+    FragB<T> b[2];
+    load_b_keys<T, D_TILE>(k_block, ks, ln, b);
+    float (&acc)[2][4] = ks % 2 ? s_odd : s;
+    mma<T>(acc[0], a, b[0]);
+    mma<T>(acc[1], a, b[1]);
   }
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i / 4][i % 4] += s_odd[i / 4][i % 4];
@@ -384,29 +401,30 @@ __device__ __forceinline__ void attend_step(const DecodeParams& p, const T* q_ti
     for (int i = 0; i < 8; ++i) s[i / 4][i % 4] *= scale_log2;
   }
 
-  // Mask, then the online softmax update, one row (g or g + 8) at a time.
+  // Mask only blocks that cross some row's window edge or live end (warp-uniform test).
+  if (key0 < keys.full_lo || key0 + kBlockKeys > keys.full_hi) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int n = i / 4, r = (i % 4) / 2, key = key0 + 8 * n + 2 * ln.t + i % 2;
+      if (!(key >= keys.lo[r] && key < keys.hi[r])) s[n][i % 4] = neg_inf();
+    }
+  }
+
+  // The online softmax update, one row (g or g + 8) at a time.
   float corrections[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float row_max = neg_inf();
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        const int key = tile_key0 + step_key0 + 8 * n + 2 * ln.t + c;
-        if (!(key >= lo[r] && key < hi[r])) s[n][2 * r + c] = neg_inf();
-        row_max = fmaxf(row_max, s[n][2 * r + c]);
-      }
+    float row_max = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
     row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
     const float m_new = fmaxf(st.m[r], row_max);
-    const float correction = safe_exp2(st.m[r], m_new);
+    const float correction = exp2_minus(st.m[r], m_new);
     float sum = 0.f;
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        s[n][2 * r + c] = safe_exp2(s[n][2 * r + c], m_new);
+        s[n][2 * r + c] = exp2_minus(s[n][2 * r + c], m_new);
         sum += s[n][2 * r + c];
       }
     st.l[r] = st.l[r] * correction + sum;
@@ -424,13 +442,41 @@ __device__ __forceinline__ void attend_step(const DecodeParams& p, const T* q_ti
   const FragA<T> pa = scores_as_a<T>(s);
 #pragma unroll
   for (int j = 0; j < D_TILE / 16; ++j) {
-    if (j * 16 < p.dv) {
-      FragB<T> b[2];
-      load_b_values<T, D_TILE>(v_tile, step_key0, j * 16, ln, b);
-      mma<T>(st.o[2 * j], pa, b[0]);
-      mma<T>(st.o[2 * j + 1], pa, b[1]);
-    }
+    FragB<T> b[2];
+    load_b_values<T, D_TILE>(v_block, j, ln, b);
+    mma<T>(st.o[2 * j], pa, b[0]);
+    mma<T>(st.o[2 * j + 1], pa, b[1]);
   }
+}
+
+// ---- the split kernel -----------------------------------------------------------------------
+// Barrier over the warps of one group: groups of 2 or 4 warps use barriers 1 and 2 (0 is
+// __syncthreads'; immediate ids keep ptxas from reserving all 16).
+__device__ __forceinline__ void group_sync(int group, int warps) {
+  if (warps == 1) {
+    __syncwarp();
+  } else if (group == 0) {
+    asm volatile("bar.sync 1, %0;\n" ::"r"(warps * 32) : "memory");
+  } else {
+    asm volatile("bar.sync 2, %0;\n" ::"r"(warps * 32) : "memory");
+  }
+}
+
+// Wait until at most `pending` (0..3) of this thread's cp.async groups are in flight.
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+  if (pending >= 3) cp_async_wait<3>();
+  else if (pending == 2) cp_async_wait<2>();
+  else if (pending == 1) cp_async_wait<1>();
+  else cp_async_wait<0>();
+}
+
+// Element d of row gr's partial of this split.
+__device__ __forceinline__ void store_partial(const DecodeParams& p, int b, int kvh, int gr, int split, int d,
+                                              float o, float lse) {
+  const int head = kvh * (p.hq / p.hkv) + gr / p.sq, t = gr % p.sq;
+  const long long part = ((static_cast<long long>(b) * p.hq + head) * p.sq + t) * p.num_splits + split;
+  p.o_part[part * p.dv + d] = o;
+  if (d == 0) p.lse_part[part] = lse;
 }
 
 template <class T, int D_TILE>
@@ -443,10 +489,9 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   const int kvh = blockIdx.y / row_blocks;
   const int b = blockIdx.z;
   const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const Lane ln = {lane / 4, lane % 4, lane};
-  const int warps_m = p.warps_m, warps_k = kWarps / warps_m;
-  const int wm = warp % warps_m, wk = warp / warps_m;
+  const Lane ln = make_lane(threadIdx.x % 32);
+  const int warps_m = p.warps_m, groups = kWarps / warps_m;
+  const int wm = warp % warps_m, wk = warp / warps_m;  // row tile, key group
   const int cta_rows = 16 * warps_m;
   const int row0 = (blockIdx.y % row_blocks) * cta_rows;  // first group row of this CTA
   const int group_rows = (p.hq / p.hkv) * p.sq;
@@ -461,29 +506,41 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   const KeyWindow window = {len - p.sq, p.window_left, 0};
   const int split_begin = split * p.keys_per_split;
   const int key_end = min(split_begin + p.keys_per_split, len);
-  // Tiles stay aligned to the split start; skip whole tiles left of every row's window.
+  // Blocks stay aligned to the split start; skip whole blocks left of every row's window.
   const long long first_key = max(first_visible_key(window, 0), (long long)split_begin);
-  const int begin = split_begin + int((first_key - split_begin) / kKeysPerTile) * kKeysPerTile;
-  const int num_tiles = key_end > begin ? (key_end - begin + kKeysPerTile - 1) / kKeysPerTile : 0;
+  const int begin = split_begin + int((first_key - split_begin) / kBlockKeys) * kBlockKeys;
+  if (key_end <= begin) {  // no live key: the neutral partial, at once
+    for (int i = threadIdx.x; i < cta_rows * p.dv; i += kThreads) {
+      const int gr = row0 + i / p.dv;
+      if (gr < group_rows) store_partial(p, b, kvh, gr, split, i % p.dv, 0.f, neg_inf());
+    }
+    return;
+  }
+
+  // This group's blocks: begin + (wk + n * groups) * kBlockKeys for n < num_blocks.
+  const int group_begin = begin + wk * kBlockKeys, group_step = groups * kBlockKeys;
+  const int num_blocks = group_begin < key_end ? (key_end - group_begin + group_step - 1) / group_step : 0;
 
   T* q_tile = reinterpret_cast<T*>(smem);
-  T* ring = q_tile + cta_rows * D_TILE;
-  auto k_stage = [&](int s) { return ring + s * 2 * C::kTileElems; };
-  auto v_stage = [&](int s) { return ring + s * 2 * C::kTileElems + C::kTileElems; };
+  T* rings = q_tile + cta_rows * D_TILE;
+  T* ring = rings + wk * p.stages * 2 * C::kBlockElems;  // stage s: K block, then V block
 
   // Per-lane rows g and g + 8: their visible keys [lo, hi), hi capped at this split's end.
-  int lo[2], hi[2];
+  // Rows past the group never force a mask (their zero queries give finite scores).
+  RowKeys keys;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int gr = row0 + wm * 16 + ln.g + 8 * r;
     if (gr < group_rows) {
       const int t = gr % p.sq;
-      lo[r] = int(max(first_visible_key(window, t), 0LL));
-      hi[r] = int(min(last_visible_key(window, t) + 1, (long long)key_end));
+      keys.lo[r] = int(max(first_visible_key(window, t), 0LL));
+      keys.hi[r] = int(min(last_visible_key(window, t) + 1, (long long)key_end));
     } else {
-      lo[r] = hi[r] = 0;
+      keys.lo[r] = 0, keys.hi[r] = key_end;
     }
   }
+  keys.full_lo = __reduce_max_sync(0xffffffffu, max(keys.lo[0], keys.lo[1]));
+  keys.full_hi = __reduce_min_sync(0xffffffffu, min(keys.hi[0], keys.hi[1]));
 
   WarpState<D_TILE> st;
 #pragma unroll
@@ -491,26 +548,34 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   st.m[0] = st.m[1] = neg_inf();
   st.l[0] = st.l[1] = 0.f;
 
-  const KvLoader<T, D_TILE> loader(p, b, kvh);
-  if (num_tiles > 0) load_q<T, D_TILE>(p, b, kvh, row0, cta_rows, q_tile);
-  for (int s = 0; s < p.stages - 1; ++s) {
-    if (s < num_tiles) loader.load(p, b, begin + s * kKeysPerTile, key_end, k_stage(s), v_stage(s));
+  // Queries and padding first, then the first stages - 1 blocks of each group (block n is
+  // copied by warp n % warps_m of the group, so every thread commits one group per block).
+  load_q<T, D_TILE>(p, b, kvh, row0, cta_rows, q_tile);
+  cp_async_commit();
+  if (p.dqk < D_TILE || p.dv < D_TILE) zero_padding<T, D_TILE>(p, rings, groups * p.stages);
+  const BlockLoader<T, D_TILE> loader(p, b, kvh, ln.lane);
+  for (int n = 0; n < p.stages - 1; ++n) {
+    if (n < num_blocks && (n & (warps_m - 1)) == wm)
+      loader.load(p, b, group_begin + n * group_step, key_end, ring + n * 2 * C::kBlockElems);
     cp_async_commit();
   }
-  for (int it = 0; it < num_tiles; ++it) {
-    cp_async_wait_ring(p.stages);
-    __syncthreads();  // tile `it` landed for every thread; the stage read at it - 1 is free
-    const int next = it + p.stages - 1;
-    if (next < num_tiles)
-      loader.load(p, b, begin + next * kKeysPerTile, key_end, k_stage(next % p.stages), v_stage(next % p.stages));
-    cp_async_commit();
+  cp_async_wait_pending(p.stages - 1);  // the queries have landed (the blocks need not have)
+  __syncthreads();
 
-    const int tile_key0 = begin + it * kKeysPerTile;
-    for (int step = wk; step < kKeysPerTile / kKeysPerStep; step += warps_k) {
-      if (tile_key0 + step * kKeysPerStep >= key_end) break;
-      attend_step<T, D_TILE>(p, q_tile, k_stage(it % p.stages), v_stage(it % p.stages), wm * 16,
-                             step * kKeysPerStep, tile_key0, lo, hi, ln, st);
-    }
+  int read_stage = 0, write_stage = p.stages - 1;
+  for (int n = 0; n < num_blocks; ++n) {
+    group_sync(wk, warps_m);  // every warp of the group is done with the stage written next
+    const int next = n + p.stages - 1;
+    if (next < num_blocks && (next & (warps_m - 1)) == wm)
+      loader.load(p, b, group_begin + next * group_step, key_end, ring + write_stage * 2 * C::kBlockElems);
+    cp_async_commit();
+    cp_async_wait_pending(p.stages - 1);
+    group_sync(wk, warps_m);  // block n has landed for every thread of the group
+    const T* k_block = ring + read_stage * 2 * C::kBlockElems;
+    attend_block<T, D_TILE>(p, q_tile, k_block, k_block + C::kBlockElems, wm * 16, group_begin + n * group_step, keys,
+                            ln, st);
+    read_stage = read_stage + 1 == p.stages ? 0 : read_stage + 1;
+    write_stage = write_stage + 1 == p.stages ? 0 : write_stage + 1;
   }
   cp_async_wait<0>();
 
@@ -521,8 +586,8 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
     st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
   }
 
-  // Merge the warps_k warps of each m-tile in shared memory, in warp order.
-  __syncthreads();  // every warp is done with the ring
+  // Merge the groups' warps of each m-tile in shared memory, in warp order.
+  __syncthreads();  // every warp is done with the rings
   float* stat_m = reinterpret_cast<float*>(smem);
   float* stat_l = stat_m + kWarps * 16;
   float* part_o = stat_l + kWarps * 16;  // [warp][16 rows][D_TILE]
@@ -558,10 +623,8 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
       l_all += weight * stat_l[w * 16 + r];
       o += weight * part_o[(w * 16 + r) * D_TILE + d];
     }
-    const int head = kvh * (p.hq / p.hkv) + gr / p.sq, t = gr % p.sq;
-    const long long part = ((static_cast<long long>(b) * p.hq + head) * p.sq + t) * p.num_splits + split;
-    p.o_part[part * p.dv + d] = l_all > 0.f ? o / l_all : 0.f;
-    if (d == 0) p.lse_part[part] = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : neg_inf();
+    store_partial(p, b, kvh, gr, split, d, l_all > 0.f ? o / l_all : 0.f,
+                  l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : neg_inf());
   }
 }
 

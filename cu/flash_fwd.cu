@@ -4,12 +4,16 @@
 //   lse [B, Hq, Sq] fp32 (natural log, contiguous), optional.
 //
 // Grid: x = query block (reversed when heavy_first), y = query head, z = batch.
-// f16/bf16: tensor cores (mma.sync m16n8k16, fp32 accumulate); each warp owns 16 query
-// rows whose Q fragments stay in registers; K/V tiles stream through a cp.async ring
-// of STAGES buffers; P is rounded to the input dtype in registers and is directly the
-// A operand of P·V. f32: a SIMT kernel with the same semantics in exact fp32.
+// f16/bf16: tensor cores (mma.sync m16n8k16, fp32 accumulate); each warp owns 16 or 32
+// query rows (one or two m16 tiles) whose Q fragments stay in registers or are re-read
+// from shared memory; K/V tiles stream through a cp.async ring of STAGES buffers; P is
+// rounded to the input dtype in registers and is directly the A operand of P·V. Two
+// kernels a head dim: plain scores (no mask/softcap, scale > 0: the scale folds into the
+// exponent, only edge tiles are cut) and general (per-element score path).
+// f32: a SIMT kernel with the same semantics in exact fp32.
 // Score semantics (softcap, causal/window, masks, -inf handling): attention_common.cuh.
 #include "attention_common.cuh"
+#include "mma.cuh"
 
 namespace ptxattn {
 
@@ -34,75 +38,6 @@ struct FlashFwdParams {
   int vector_io;    // host checked: q/k/v/o bases 16-byte aligned, batch/head/seq strides x8
   int heavy_first;  // visit query blocks last-first (causal: late blocks see more keys)
 };
-
-// ---- small PTX wrappers -------------------------------------------------------
-__device__ __forceinline__ unsigned smem_u32(const void* ptr) {
-  return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
-}
-
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* global_src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(smem_dst)),
-               "l"(global_src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(smem)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], const void* smem) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(smem)));
-}
-
-// exp2 without denormal handling: weights below 2^-126 of the row max flush to 0.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-template <class T> constexpr bool is_bf16 = false;
-template <> constexpr bool is_bf16<__nv_bfloat16> = true;
-
-// d += a (16x16, row) * b (16x8, col), fp32 accumulate.
-template <class T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                          unsigned b1) {
-  if constexpr (is_bf16<T>) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-// Two floats rounded to T, packed low-first into one 32-bit register.
-template <class T>
-__device__ __forceinline__ unsigned pack2(float lo, float hi) {
-  if constexpr (is_bf16<T>) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-  } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<unsigned*>(&v);
-  }
-}
-
-// Shared tiles are [rows][cols] with 16-byte chunks XOR-swizzled by row, so the eight
-// rows an ldmatrix reads (and a warp's cp.async writes) hit eight different bank groups.
-__device__ __forceinline__ int swizzle(int row, int chunk) { return chunk ^ (row & 7); }
 
 // Copies a [ROWS, COLS] tile whose row r starts at g + r * row_stride into swizzled
 // shared memory; rows >= rows_valid and columns >= cols_valid become zeros (so padded
@@ -129,7 +64,8 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long row_stride
       return;
     }
   }
-#pragma unroll
+  // Edge tiles only: not unrolled, so the hot loop keeps its registers.
+#pragma unroll 1
   for (int it = 0; it < kChunks / NT; ++it) {
     const int c = it * NT + tid;
     const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
@@ -195,21 +131,56 @@ __device__ __forceinline__ RowResult finish_row(const FlashFwdParams& p, int h, 
 extern __shared__ __align__(128) unsigned char dyn_smem[];
 
 // ---- tensor-core kernel (f16 / bf16) ----------------------------------------------
-template <class T, int DQK, int DV, int WARPS, int BC, int STAGES>
-__device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
-  constexpr int BR = 16 * WARPS, NT = 32 * WARPS;
-  constexpr int KSTEPS = DQK / 16;  // k16 steps of Q·K^T
-  constexpr int STILES = BC / 8;    // n8 score tiles per warp
-  constexpr int OTILES = DV / 8;    // n8 output tiles per warp
-  constexpr bool Q_IN_REGS = DQK < 256;
-  constexpr int STAGE_ELEMS = BC * (DQK + DV);  // one stage: K tile, then V tile
+// ldmatrix addressing in a swizzled [rows][COLS] b16 tile. A lane reads the 16-byte chunk
+// 2 * step + sel of `row`; every row an ldmatrix touches has row & 7 == lane & 7. The
+// swizzle only flips chunk bits 0-2, so the byte offset is lane_offset(row, sel) with
+// bits 5-6 XOR-ed by step & 3 (chunk_step) and (step >> 2) * 128 added: one register a
+// lane pattern instead of four.
+template <int COLS>
+__device__ __forceinline__ unsigned lane_offset(int row, int sel) {
+  return (row * COLS + (sel ^ (row & 7)) * 8) * 2;
+}
+__device__ __forceinline__ unsigned chunk_step(unsigned lane_off, int step) {
+  return (lane_off ^ ((step & 3) * 32)) + (step >> 2) * 128;
+}
+
+// Tile shape of one variant. Each warp owns MT m16 tiles (16 * MT consecutive query rows),
+// so every K/V fragment it loads from shared memory feeds MT pairs of MMAs.
+template <int DQK_, int DV_, int WARPS_, int MT_, int BC_, int STAGES_, bool Q_IN_REGS_>
+struct TcTile {
+  static constexpr int DQK = DQK_, DV = DV_, WARPS = WARPS_, MT = MT_, BC = BC_, STAGES = STAGES_;
+  static constexpr bool Q_IN_REGS = Q_IN_REGS_;  // else Q fragments are re-read per k-step
+  static constexpr int WR = 16 * MT;              // query rows per warp
+  static constexpr int BR = WR * WARPS;           // query rows per block
+  static constexpr int THREADS = 32 * WARPS;
+  static constexpr int MIN_BLOCKS = WARPS < 8 ? 8 / WARPS : 1;  // 8 warps an SM: <= 255 registers
+  static constexpr int STAGE_ELEMS = BC * (DQK + DV);  // one ring stage: K tile, then V tile
   // Once its fragments are in registers, Q's tile is dead: it borrows the last stage,
   // which the first prefetch of the key loop is the first to overwrite.
-  constexpr bool Q_IN_STAGE = Q_IN_REGS && BR * DQK <= STAGE_ELEMS;
+  static constexpr bool Q_IN_STAGE = Q_IN_REGS && BR * DQK <= STAGE_ELEMS;
   static_assert(DQK % 64 == 0 && DV % 64 == 0 && BC % 16 == 0, "tile shape");
+};
+
+// A key offset within a tile, clamped to [-1, BC] (both ends mean "past the tile").
+template <int BC>
+__device__ __forceinline__ int clamp_to_tile(long long key) {
+  return static_cast<int>(max(-1LL, min(key, static_cast<long long>(BC))));
+}
+
+// GENERAL: the per-element score path (masks, softcap, any scale). Otherwise scale > 0 and
+// the only cut keys are those outside each row's causal/window range or past Skv.
+template <class T, class Tile, bool GENERAL>
+__device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
+  constexpr int DQK = Tile::DQK, DV = Tile::DV, MT = Tile::MT, BC = Tile::BC;
+  constexpr int STAGES = Tile::STAGES, WR = Tile::WR, BR = Tile::BR, NT = 32 * Tile::WARPS;
+  constexpr int STAGE_ELEMS = Tile::STAGE_ELEMS;
+  constexpr bool Q_IN_REGS = Tile::Q_IN_REGS;
+  constexpr int KSTEPS = DQK / 16;  // k16 steps of Q·K^T
+  constexpr int STILES = BC / 8;    // n8 score tiles per m16 tile
+  constexpr int OTILES = DV / 8;    // n8 output tiles per m16 tile
 
   T* stages = reinterpret_cast<T*>(dyn_smem);
-  T* sq = Q_IN_STAGE ? stages + (STAGES - 1) * STAGE_ELEMS : stages + STAGES * STAGE_ELEMS;
+  T* sq = Tile::Q_IN_STAGE ? stages + (STAGES - 1) * STAGE_ELEMS : stages + STAGES * STAGE_ELEMS;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int num_blocks = (p.seq_q + BR - 1) / BR;
@@ -222,8 +193,6 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
 
   const T* gq = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
                 m0 * p.q_seq_stride;
-  const T* gk = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
-  const T* gv = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
 
   int tile_begin, tile_end;
   key_tile_range<BC>(p, win, m0, m0 + rows - 1, tile_begin, tile_end);
@@ -231,22 +200,31 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   auto load_kv = [&](int stage, int tile) {
     const int n0 = tile * BC;
     T* sk = stages + stage * STAGE_ELEMS;
+    // Recomputed from the parameters each time: cheaper than two 64-bit registers held
+    // through the key loop.
+    const T* gk = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
+    const T* gv = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
     load_tile<T, BC, DQK, NT>(sk, gk + n0 * p.k_seq_stride, p.k_seq_stride, p.seq_kv - n0,
                               p.dim_qk, vector_io, tid);
     load_tile<T, BC, DV, NT>(sk + BC * DQK, gv + n0 * p.v_seq_stride, p.v_seq_stride,
                              p.seq_kv - n0, p.dim_v, vector_io, tid);
   };
 
-  // This thread's accumulator rows: warp_row0 + lane/4 and + 8.
-  const int warp_row0 = m0 + warp * 16;
+  // This thread's accumulator rows: my_row + 16 * mt + 8 * r for m16 tile mt, half r.
+  const int warp_row0 = m0 + warp * WR;
   const int my_row = warp_row0 + (lane >> 2);
-  float acc[OTILES][4];
+  float acc[MT][OTILES][4];
+  float row_max[MT][2], row_sum[MT][2];
 #pragma unroll
-  for (int t = 0; t < OTILES; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.f;
-  float row_max[2] = {neg_inf(), neg_inf()};
-  float row_sum[2] = {0.f, 0.f};
-  const float scale_log2 = p.scale * kLog2e;
-  const bool plain_scores = p.mask_kind == MASK_NONE && !(p.softcap > 0.f);
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int t = 0; t < OTILES; ++t) acc[mt][t][0] = acc[mt][t][1] = acc[mt][t][2] = acc[mt][t][3] = 0.f;
+    row_max[mt][0] = row_max[mt][1] = neg_inf();
+    row_sum[mt][0] = row_sum[mt][1] = 0.f;
+  }
+  // The exponent's multiplier: scores are raw dot products in plain kernels, base-2
+  // logits in general ones.
+  const float mul = GENERAL ? 1.f : p.scale * kLog2e;
 
   if (tile_begin < tile_end) {
     load_tile<T, BR, DQK, NT>(sq, gq, p.q_seq_stride, rows, p.dim_qk, vector_io, tid);
@@ -258,33 +236,30 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
     cp_async_wait<STAGES - 2>();
     __syncthreads();
 
-    // Q fragments (A operand): kept in registers for the whole key loop, or for the
-    // widest head dim (where they would not fit beside the accumulators) re-read from
-    // shared memory at each k-step.
-    const int q_row = warp * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
-    auto q_frag = [&](unsigned (&a)[4], int ks) {
-      ldmatrix_x4(a, sq + q_row * DQK + swizzle(q_row, ks * 2 + (lane >> 4)) * 8);
+    // ldmatrix x4 lane offsets. Q (A operand) and V (B of P·V, transposed): lanes 0-7 /
+    // 8-15 / 16-23 / 24-31 address rows 0-7 / 8-15 / 0-7 / 8-15 at chunks 2s / 2s / 2s+1 /
+    // 2s+1. K (B of Q·K^T): keys 0-7 / 0-7 / 8-15 / 8-15 at chunks 2s / 2s+1 / 2s / 2s+1,
+    // so each n8 tile's two B registers come out as a consecutive pair, as mma wants them.
+    const int frag_row = (lane & 7) + (((lane >> 3) & 1) << 3);
+    const unsigned q_off = lane_offset<DQK>(frag_row, lane >> 4);
+    const unsigned k_off = lane_offset<DQK>((lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1);
+    const unsigned v_off = lane_offset<DV>(frag_row, lane >> 4);  // = q_off when Dqk == Dv
+    const unsigned stages_addr = smem_u32(stages);
+    const unsigned sq_warp_addr = smem_u32(sq) + warp * WR * DQK * 2;
+    auto q_frag = [&](unsigned (&a)[4], int mt, int ks) {
+      ldmatrix_x4(a, sq_warp_addr + chunk_step(q_off, ks) + mt * 16 * DQK * 2);
     };
-    unsigned qf[Q_IN_REGS ? KSTEPS : 1][4];
+
+    // Q fragments kept in registers for the whole key loop, or (where they would not fit
+    // beside the accumulators) re-read from shared memory at each k-step.
+    unsigned qf[MT][Q_IN_REGS ? KSTEPS : 1][4];
     if constexpr (Q_IN_REGS) {
 #pragma unroll
-      for (int ks = 0; ks < KSTEPS; ++ks) q_frag(qf[ks], ks);
-    }
-    if constexpr (Q_IN_STAGE) __syncthreads();  // all Q reads done before its stage refills
-
-    // ldmatrix lane offsets (elements). Every row an ldmatrix touches has row & 7 ==
-    // lane & 7, so the swizzled chunk of logical chunk 2*step + c is (2*step) ^ (c ^ lane&7):
-    // it depends on step only through step & 3; the rest is a compile-time constant.
-    int k_off[4], v_off[4];
-    {
-      const int k_row = (lane & 7) + ((lane >> 4) << 3), k_sel = ((lane >> 3) & 1) ^ (lane & 7);
-      const int v_row = (lane & 7) + (((lane >> 3) & 1) << 3), v_sel = (lane >> 4) ^ (lane & 7);
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        k_off[q] = k_row * DQK + ((2 * q) ^ k_sel) * 8;
-        v_off[q] = v_row * DV + ((2 * q) ^ v_sel) * 8;
-      }
+        for (int ks = 0; ks < KSTEPS; ++ks) q_frag(qf[mt][ks], mt, ks);
     }
+    if constexpr (Tile::Q_IN_STAGE) __syncthreads();  // all Q reads done before its stage refills
 
     for (int t = tile_begin; t < tile_end; ++t) {
       const int i = t - tile_begin;
@@ -295,84 +270,116 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       if (t + STAGES - 1 < tile_end) load_kv((i + STAGES - 1) % STAGES, t + STAGES - 1);
       cp_async_commit();
 
-      const T* skt = stages + (i % STAGES) * STAGE_ELEMS;
-      const T* svt = skt + BC * DQK;
+      const unsigned sk_addr = stages_addr + (i % STAGES) * STAGE_ELEMS * 2;
+      const unsigned sv_addr = sk_addr + BC * DQK * 2;
       const int n0 = t * BC;
 
-      // S = Q K^T for this warp's 16 rows and the tile's BC keys.
-      float s[STILES][4];
+      // S = Q K^T for this warp's rows and the tile's BC keys.
+      float s[MT][STILES][4];
 #pragma unroll
-      for (int n = 0; n < STILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int n = 0; n < STILES; ++n) s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.f;
 #pragma unroll
       for (int ks = 0; ks < KSTEPS; ++ks) {
-        unsigned(&a)[4] = qf[Q_IN_REGS ? ks : 0];
-        if constexpr (!Q_IN_REGS) q_frag(a, ks);
+        const int qk = Q_IN_REGS ? ks : 0;  // the register slot of this k-step's Q fragments
+        if constexpr (!Q_IN_REGS) {
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) q_frag(qf[mt][0], mt, ks);
+        }
 #pragma unroll
         for (int np = 0; np < BC / 16; ++np) {
           unsigned kb[4];
-          ldmatrix_x4(kb, skt + k_off[ks & 3] + np * 16 * DQK + (ks >> 2) * 64);
-          mma_16816<T>(s[2 * np], a, kb[0], kb[1]);
-          mma_16816<T>(s[2 * np + 1], a, kb[2], kb[3]);
+          ldmatrix_x4(kb, sk_addr + chunk_step(k_off, ks) + np * 16 * DQK * 2);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_16816<T>(s[mt][2 * np], qf[mt][qk], kb[0], kb[1]);
+            mma_16816<T>(s[mt][2 * np + 1], qf[mt][qk], kb[2], kb[3]);
+          }
         }
       }
 
-      // Scores to the base-2 domain; the per-element path only where some key of this
-      // warp's rows is cut (causal/window edge, Skv end) or a mask/softcap applies.
-      const bool whole_tile = plain_scores && n0 + BC <= p.seq_kv &&
-                              n0 >= first_visible_key(win, warp_row0 + 15) &&
-                              n0 + BC - 1 <= last_visible_key(win, warp_row0);
-      if (whole_tile) {
+      // General kernels (mask, softcap or scale <= 0) turn every score into a base-2 logit
+      // element by element. Plain kernels keep raw dot products, folding scale * log2 e
+      // into the exponent's FFMA, and on tiles that straddle an edge (causal/window
+      // diagonal, Skv end) only cut the keys outside each row's range.
+      if constexpr (GENERAL) {
 #pragma unroll
-        for (int n = 0; n < STILES; ++n)
+        for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
-      } else {
+          for (int n = 0; n < STILES; ++n)
 #pragma unroll
-        for (int n = 0; n < STILES; ++n)
+            for (int e = 0; e < 4; ++e)
+              s[mt][n][e] = score_log2(p, win, s[mt][n][e], b, h, my_row + 16 * mt + (e >> 1) * 8,
+                                       n0 + n * 8 + 2 * (lane & 3) + (e & 1));
+      } else if (n0 + BC > p.seq_kv || n0 < first_visible_key(win, warp_row0 + WR - 1) ||
+                 n0 + BC - 1 > last_visible_key(win, warp_row0)) {
+        const int col0 = n0 + 2 * (lane & 3);  // key of s[.][0][0]
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            s[n][e] = score_log2(p, win, s[n][e], b, h, my_row + (e >> 1) * 8,
-                                 n0 + n * 8 + 2 * (lane & 3) + (e & 1));
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int r = 0; r < 2; ++r) {
+            const int row = my_row + 16 * mt + 8 * r;
+            const int lo = clamp_to_tile<BC>(first_visible_key(win, row) - col0);
+            const int hi = clamp_to_tile<BC>(
+                min(last_visible_key(win, row), (long long)p.seq_kv - 1) - col0);
+#pragma unroll
+            for (int n = 0; n < STILES; ++n)
+#pragma unroll
+              for (int c = 0; c < 2; ++c)
+                if (n * 8 + c < lo || n * 8 + c > hi) s[mt][n][2 * r + c] = neg_inf();
+          }
       }
 
       // Online softmax; each row is spread over the 4 lanes of a quad.
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = row_max[r];
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int n = 0; n < STILES; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float sub = exp_subtrahend(mx);
-        const float alpha = exp2_ftz(row_max[r] - sub);
-        row_max[r] = mx;
-        row_sum[r] *= alpha;
+        for (int r = 0; r < 2; ++r) {
+          float mx = neg_inf();
 #pragma unroll
-        for (int d = 0; d < OTILES; ++d) {
-          acc[d][2 * r] *= alpha;
-          acc[d][2 * r + 1] *= alpha;
+          for (int n = 0; n < STILES; ++n) mx = fmaxf(mx, fmaxf(s[mt][n][2 * r], s[mt][n][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          mx = fmaxf(row_max[mt][r], mx * mul);
+          const float sub = exp_subtrahend(mx);
+          const float alpha = exp2_ftz(row_max[mt][r] - sub);
+          row_max[mt][r] = mx;
+          float sum = 0.f;
+#pragma unroll
+          for (int n = 0; n < STILES; ++n) {
+            s[mt][n][2 * r] = exp2_ftz(fmaf(s[mt][n][2 * r], mul, -sub));
+            s[mt][n][2 * r + 1] = exp2_ftz(fmaf(s[mt][n][2 * r + 1], mul, -sub));
+            sum += s[mt][n][2 * r] + s[mt][n][2 * r + 1];
+          }
+          row_sum[mt][r] = row_sum[mt][r] * alpha + sum;
+#pragma unroll
+          for (int d = 0; d < OTILES; ++d) {
+            acc[mt][d][2 * r] *= alpha;
+            acc[mt][d][2 * r + 1] *= alpha;
+          }
         }
-#pragma unroll
-        for (int n = 0; n < STILES; ++n) {
-          s[n][2 * r] = exp2_ftz(s[n][2 * r] - sub);
-          s[n][2 * r + 1] = exp2_ftz(s[n][2 * r + 1] - sub);
-          row_sum[r] += s[n][2 * r] + s[n][2 * r + 1];
-        }
-      }
 
       // O += P V: the accumulator layout of two n8 score tiles is the A layout of one k16.
 #pragma unroll
       for (int kk = 0; kk < BC / 16; ++kk) {
-        const unsigned pa[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                                pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        unsigned pa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int dp = 0; dp < DV / 16; ++dp) {
           unsigned vb[4];
-          ldmatrix_x4_trans(vb, svt + v_off[dp & 3] + kk * 16 * DV + (dp >> 2) * 64);
-          mma_16816<T>(acc[2 * dp], pa, vb[0], vb[1]);
-          mma_16816<T>(acc[2 * dp + 1], pa, vb[2], vb[3]);
+          ldmatrix_x4_trans(vb, sv_addr + chunk_step(v_off, dp) + kk * 16 * DV * 2);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma_16816<T>(acc[mt][2 * dp], pa[mt], vb[0], vb[1]);
+            mma_16816<T>(acc[mt][2 * dp + 1], pa[mt], vb[2], vb[3]);
+          }
         }
       }
     }
@@ -380,30 +387,32 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
 
   // Finish: quad-reduce the row sums (fixed xor order), normalise, store.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = my_row + r * 8;
-    if (row >= p.seq_q) continue;
-    const RowResult res = finish_row(p, h, row_max[r], sum);
-    T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
-            row * p.o_seq_stride;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int d = 0; d < OTILES; ++d) {
-      const int col = d * 8 + 2 * (lane & 3);
-      const float lo = res.inv == 0.f ? 0.f : acc[d][2 * r] * res.inv;
-      const float hi = res.inv == 0.f ? 0.f : acc[d][2 * r + 1] * res.inv;
-      if (vector_io && col + 1 < p.dim_v) {
-        *reinterpret_cast<unsigned*>(go + col) = pack2<T>(lo, hi);
-      } else {
-        if (col < p.dim_v) go[col] = from_float<T>(lo);
-        if (col + 1 < p.dim_v) go[col + 1] = from_float<T>(hi);
+    for (int r = 0; r < 2; ++r) {
+      float sum = row_sum[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int row = my_row + 16 * mt + 8 * r;
+      if (row >= p.seq_q) continue;
+      const RowResult res = finish_row(p, h, row_max[mt][r], sum);
+      T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
+              row * p.o_seq_stride;
+#pragma unroll
+      for (int d = 0; d < OTILES; ++d) {
+        const int col = d * 8 + 2 * (lane & 3);
+        const float lo = res.inv == 0.f ? 0.f : acc[mt][d][2 * r] * res.inv;
+        const float hi = res.inv == 0.f ? 0.f : acc[mt][d][2 * r + 1] * res.inv;
+        if (vector_io && col + 1 < p.dim_v) {
+          *reinterpret_cast<unsigned*>(go + col) = pack2<T>(lo, hi);
+        } else {
+          if (col < p.dim_v) go[col] = from_float<T>(lo);
+          if (col + 1 < p.dim_v) go[col + 1] = from_float<T>(hi);
+        }
       }
+      if (p.lse != nullptr && (lane & 3) == 0)
+        p.lse[(static_cast<long long>(b) * p.heads_q + h) * p.seq_q + row] = res.lse;
     }
-    if (p.lse != nullptr && (lane & 3) == 0)
-      p.lse[(static_cast<long long>(b) * p.heads_q + h) * p.seq_q + row] = res.lse;
-  }
 }
 
 // ---- SIMT kernel (f32) --------------------------------------------------------------
@@ -503,29 +512,41 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
 }  // namespace ptxattn
 
 // ---- entry points --------------------------------------------------------------------
-// Tile table (mirrored by runtime/ops/attention.py _TILES):
-//   name suffix   Dqk  Dv  warps(rows = 16 x warps)  BC(keys/tile)  stages
-// Chosen on the H200 (bf16, 2026-11-29, one run each, TFLOP/s):
-//   B4 H32 S4096 D128 non-causal / causal: 8 warps, BC 64: 2 stages 226 / 198, 3 stages
-//   242 / 209 (268 after the ftz exp2 and hot-path loads), 4 stages 268; 4 warps (2 blocks
-//   an SM) 193 / 174; BC 32: 213 / 188. All fit sm_86's 99 KiB only because Q borrows a stage.
-//   B8 H16 S2048 D64: BC 64 3 stages 177, 4 warps 178, BC 128 2 stages 192 (231 after
-//   the same changes), BC 128 3 stages 231, BC 256 (spills) 199.
-//   D128 BC 128 (spills, sm_90-only shared memory): 267 / 221 against this table's 267 / 236.
-//   PyTorch flash (FA2) ran 348 / 305 and 249 on those shapes: still short, see issue 3.
-#define FLASH_FWD_TC(NAME, T, DQK, DV, WARPS, BC, STAGES)                            \
-  extern "C" __global__ void __launch_bounds__(32 * WARPS)                          \
-      NAME(const ptxattn::FlashFwdParams p) {                                       \
-    ptxattn::flash_fwd_tc<T, DQK, DV, WARPS, BC, STAGES>(p);                        \
+// FLASH_FWD_TC(name, dtype, general, TcTile<Dqk, Dv, warps, m16 tiles a warp, keys a tile,
+// stages, Q in registers> arguments).
+#define FLASH_FWD_TC(NAME, T, GENERAL, ...)                                                \
+  extern "C" __global__ void __launch_bounds__(ptxattn::TcTile<__VA_ARGS__>::THREADS,      \
+                                               ptxattn::TcTile<__VA_ARGS__>::MIN_BLOCKS)   \
+      NAME(const ptxattn::FlashFwdParams p) {                                             \
+    ptxattn::flash_fwd_tc<T, ptxattn::TcTile<__VA_ARGS__>, GENERAL>(p);                   \
   }
-#define FLASH_FWD_TC_DTYPES(SUFFIX, DQK, DV, WARPS, BC, STAGES)                     \
-  FLASH_FWD_TC(flash_fwd_bf16_##SUFFIX, __nv_bfloat16, DQK, DV, WARPS, BC, STAGES) \
-  FLASH_FWD_TC(flash_fwd_f16_##SUFFIX, __half, DQK, DV, WARPS, BC, STAGES)
+#define FLASH_FWD_TC_DTYPES(SUFFIX, GENERAL, ...)                               \
+  FLASH_FWD_TC(flash_fwd_bf16_##SUFFIX, __nv_bfloat16, GENERAL, __VA_ARGS__) \
+  FLASH_FWD_TC(flash_fwd_f16_##SUFFIX, __half, GENERAL, __VA_ARGS__)
 
-FLASH_FWD_TC_DTYPES(d64, 64, 64, 8, 128, 2)
-FLASH_FWD_TC_DTYPES(d128, 128, 128, 8, 64, 3)
-FLASH_FWD_TC_DTYPES(d192_128, 192, 128, 8, 32, 2)
-FLASH_FWD_TC_DTYPES(d256, 256, 256, 4, 32, 2)
+// ---- variant table (mirrored by runtime/ops/attention.py _VARIANTS) ------------------
+// Plain-score kernels: 4 warps of 32 query rows (two m16 tiles, so each K/V fragment feeds
+// four MMAs), 2 blocks an SM at <= 255 registers. Where Q's fragments would not fit beside
+// the 32 x Dv accumulators and the scores, they are re-read from shared memory per k-step.
+// ptxas (sm_90, from the PTX): d64 244 registers, d128 248, d192_128 254, d256 252; general
+// d64 254, d128 222, d192_128 213, d256 249; no spills. Keys a tile / Q in registers were
+// chosen by that limit: d128 with 64 keys (Q re-read) or 32 keys with Q in registers, and
+// d64 with 128 keys, spill a little.
+// General kernels keep the 16-rows-a-warp tiles: the per-element score path (mask loads,
+// softcap) needs the registers.
+// H200, bf16, scripts/bench.py --suite prefill (2026-11-29, one run), TFLOP/s ours / FA2:
+//   B4 H32 S4096 D128 302 / 338, causal 269 / 302; B2 Hq32 Hkv8 S8192 D128 causal
+//   292 / 325; B8 H16 S2048 D64 215 / 245; B1 Hq32 Hkv8 S16384 D128 causal 311 / 332
+//   (0.88-0.94x; the 16-row tiles before ran 0.70-0.80x). scripts/sdpa_tune.py times
+//   candidate tiles side by side.
+FLASH_FWD_TC_DTYPES(d64, false, 64, 64, 4, 2, 64, 3, true)
+FLASH_FWD_TC_DTYPES(d128, false, 128, 128, 4, 2, 32, 3, false)
+FLASH_FWD_TC_DTYPES(d192_128, false, 192, 128, 4, 2, 32, 2, false)
+FLASH_FWD_TC_DTYPES(d256, false, 256, 256, 4, 1, 32, 2, false)
+FLASH_FWD_TC_DTYPES(d64_general, true, 64, 64, 8, 1, 128, 2, true)
+FLASH_FWD_TC_DTYPES(d128_general, true, 128, 128, 8, 1, 64, 3, true)
+FLASH_FWD_TC_DTYPES(d192_128_general, true, 192, 128, 8, 1, 32, 2, true)
+FLASH_FWD_TC_DTYPES(d256_general, true, 256, 256, 4, 1, 32, 2, false)
 
 extern "C" __global__ void __launch_bounds__(32 * ptxattn::F32_WARPS)
     flash_fwd_f32(const ptxattn::FlashFwdParams p) {

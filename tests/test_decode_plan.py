@@ -7,7 +7,7 @@ import pytest
 
 import ptxattn
 from ptxattn import Device
-from ptxattn.ops.decode import KEYS_PER_TILE, plan_decode
+from ptxattn.ops.decode import SPLIT_ALIGN, plan_decode
 
 H200 = dict(sm_count=132, max_shared=232448)
 BF16 = ptxattn.bfloat16
@@ -22,7 +22,7 @@ def plan(**over):
 @pytest.mark.parametrize("batch, capacity", [(64, 8192), (128, 2048), (1, 32768), (8, 8192), (3, 700), (1, 1), (2, 65)])
 def test_splits_cover_the_capacity_once(batch, capacity):
     p = plan(batch=batch, capacity=capacity)
-    assert p.keys_per_split % KEYS_PER_TILE == 0
+    assert p.keys_per_split % SPLIT_ALIGN == 0
     assert (p.num_splits - 1) * p.keys_per_split < capacity <= p.num_splits * p.keys_per_split
     assert p.grid == (p.num_splits, 8, batch)
 
@@ -53,8 +53,10 @@ def test_kernel_variant(dtype, d, kernel):
 
 
 def test_ring_depth_follows_the_shared_memory_limit():
-    assert plan().stages == 3
-    small = plan(max_shared=101376)  # sm_86 / sm_89
+    p = plan()
+    assert p.stages == 3 and 2 * (p.shared_bytes + 1024) <= H200["max_shared"] + 1024  # two CTAs an SM
+    assert plan(dqk=64, dv=64).stages == 4
+    small = plan(max_shared=101376)  # sm_86 / sm_89: one CTA an SM
     assert small.stages == 2 and small.shared_bytes <= 101376
 
 

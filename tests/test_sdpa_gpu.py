@@ -92,6 +92,11 @@ EXPLICIT = [
     Case(F32, 1, 1, 1, 3, 0, 8, 8),
     Case(BF16, 1, 2, 2, 1, 1000, 1, 1),
     Case(F16, 1, 2, 1, 130, 129, 200, 130, causal=True, window=(20, -1), mask="k", mask_dtype=F32),
+    # Plain-score kernels over many key tiles, query blocks not a multiple of their 128 rows.
+    Case(BF16, 2, 2, 2, 260, 520, 64, 64),
+    Case(F16, 1, 4, 2, 300, 700, 128, 128, window=(-1, 100), lse=True),
+    Case(BF16, 1, 2, 1, 200, 333, 192, 128, causal=True, align="bottom_right"),
+    Case(BF16, 1, 2, 1, 40, 70, 64, 64, scale=-0.5),  # scale < 0 takes the general kernel
 ]
 
 

@@ -87,27 +87,58 @@ def test_param_struct_matches_the_kernel_layout():
     assert attention._FlashFwdParams.scale.offset == 7 * 8 + 16 * 8 + 10 * 4
 
 
+def test_bind_packs_every_field_in_order():
+    class Fake:  # what _bind reads from a DeviceArray
+        def __init__(self, ptr, shape, strides, dtype=np.float16):
+            self.ptr, self.shape, self.element_strides = ptr, shape, strides
+            self.dtype, self.ndim = np.dtype(dtype), len(shape)
+    q = Fake(1024, (2, 8, 5, 64), (2560, 320, 64, 1))
+    k = Fake(2048, (2, 4, 7, 64), (1792, 448, 64, 1))
+    v = Fake(4096, (2, 4, 7, 32), (896, 224, 32, 1))
+    o = Fake(8192, (2, 8, 5, 32), (1280, 160, 32, 1))
+    mask = Fake(16384, (5, 7), (7, 1), np.bool_)
+    lse, sinks = Fake(32768, (2, 8, 5), (40, 5, 1)), Fake(65536, (8,), (1,))
+    p = attention._bind(q, k, v, o, lse, mask, sinks, scale=0.5, softcap=2.0, diag_offset=2, left=3, right=0)
+    got = [getattr(p, name) for name, _ in attention._FlashFwdParams._fields_]
+    assert got == [1024, 2048, 4096, 8192, 32768, 16384, 65536, 2560, 320, 64, 1792, 448, 64,
+                   896, 224, 32, 1280, 160, 32, 0, 0, 7, 1, 8, 4, 5, 7, 64, 32, 1, 2, 3, 0,
+                   0.5, 2.0, 1, 1]
+    bare = attention._bind(q, k, v, Fake(8200, o.shape, o.element_strides), None, None, None, scale=1.0,
+                           softcap=0.0, diag_offset=0, left=5, right=attention._UNBOUNDED)
+    assert (bare.lse, bare.mask, bare.sinks, bare.mask_kind) == (None, None, None, 0)
+    assert (bare.vector_io, bare.heavy_first) == (0, 0)  # o's base is not 16-byte aligned
+
+
 @pytest.mark.parametrize("dqk,dv,suffix", [
     (64, 64, "d64"), (59, 64, "d64"), (1, 1, "d64"), (65, 64, "d128"), (128, 128, "d128"),
     (111, 111, "d128"), (64, 128, "d128"), (192, 128, "d192_128"), (150, 100, "d192_128"),
     (192, 192, "d256"), (256, 256, "d256"), (129, 200, "d256"),
 ])
 def test_tile_choice(dqk, dv, suffix):
-    assert attention._pick_tile(dqk, dv).suffix == suffix
+    assert attention._pick_variant(dqk, dv).suffix == suffix
 
 
 def test_every_tile_fits_sm86_shared_memory():
     # sm_86 / sm_89 give a block at most 99 KiB of shared memory; the PTX targets them too.
-    for tile in attention._TILES:
-        assert tile.shared_bytes <= 99 * 1024, tile
-    name, grid, block, shared = attention._plan(np.dtype(np.float32), 2, 3, 9, 256, 256)
+    for variant in attention._VARIANTS:
+        for tile in (variant.plain, variant.general):
+            assert tile.shared_bytes <= 99 * 1024, tile
+    name, grid, block, shared = attention._plan(np.dtype(np.float32), 2, 3, 9, 256, 256, False)
     assert name == "flash_fwd_f32" and grid == (3, 3, 2) and block == (128, 1, 1) and shared <= 99 * 1024
 
 
 def test_plan_grid():
-    name, grid, block, shared = attention._plan(ptxattn.bfloat16, 4, 32, 4096, 128, 128)
-    assert name == "flash_fwd_bf16_d128" and grid == (32, 32, 4) and block == (256, 1, 1)
-    assert shared == 2 * 3 * 64 * 256  # three K/V stages; Q borrows the last one
+    name, grid, block, shared = attention._plan(ptxattn.bfloat16, 4, 32, 4096, 128, 128, False)
+    assert name == "flash_fwd_bf16_d128" and grid == (32, 32, 4) and block == (128, 1, 1)
+    # Two m16 tiles a warp, four warps: 128 query rows; Q in its own region beside three
+    # stages of 32 keys.
+    assert shared == 2 * (3 * 32 * 256 + 128 * 128)
+
+
+def test_plan_general_variant_for_masks_and_softcap():
+    name, grid, block, shared = attention._plan(np.dtype(np.float16), 1, 2, 300, 100, 100, True)
+    assert name == "flash_fwd_f16_d128_general" and grid == (3, 2, 1) and block == (256, 1, 1)
+    assert shared == 2 * 3 * 64 * 256  # three stages of 64 keys; Q borrows the last one
 
 
 def test_window_bounds():

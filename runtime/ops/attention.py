@@ -6,7 +6,9 @@ validate (host only) -> plan (variant, grid, shared memory) -> bind the paramete
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
+import struct
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,32 +33,50 @@ _F32_WARPS = 4  # F32_WARPS in cu/flash_fwd.cu
 
 @dataclass(frozen=True)
 class _Tile:
-    """One tensor-core variant of cu/flash_fwd.cu (its FLASH_FWD_TC_DTYPES table)."""
-    suffix: str
+    """One TcTile<...> of cu/flash_fwd.cu (its FLASH_FWD_TC_DTYPES table)."""
     dim_qk: int
     dim_v: int
     warps: int
+    m_tiles: int  # m16 tiles (16 query rows each) per warp
     keys: int  # keys per K/V tile
     stages: int
+    q_in_regs: bool
 
     @property
     def rows(self) -> int:
-        return 16 * self.warps
+        return 16 * self.m_tiles * self.warps
 
     @property
     def shared_bytes(self) -> int:
         stage = self.keys * (self.dim_qk + self.dim_v)
-        # Q_IN_STAGE in the kernel: Q (in registers below Dqk 256) borrows the last stage.
-        q_in_stage = self.dim_qk < 256 and self.rows * self.dim_qk <= stage
+        # Q_IN_STAGE in the kernel: Q held in registers borrows the last stage.
+        q_in_stage = self.q_in_regs and self.rows * self.dim_qk <= stage
         return 2 * (self.stages * stage + (0 if q_in_stage else self.rows * self.dim_qk))
 
 
-# Smallest first: a head dim runs on the first tile that holds it (zero-padded).
-_TILES = (
-    _Tile("d64", 64, 64, 8, 128, 2),
-    _Tile("d128", 128, 128, 8, 64, 3),
-    _Tile("d192_128", 192, 128, 8, 32, 2),
-    _Tile("d256", 256, 256, 4, 32, 2),
+@dataclass(frozen=True)
+class _Variant:
+    """A head-dim variant: flash_fwd_<dtype>_<suffix> runs calls with plain scores (no
+    mask, no softcap, scale > 0), flash_fwd_<dtype>_<suffix>_general the rest."""
+    suffix: str
+    plain: _Tile
+    general: _Tile
+
+    @property
+    def dim_qk(self) -> int:
+        return self.plain.dim_qk
+
+    @property
+    def dim_v(self) -> int:
+        return self.plain.dim_v
+
+
+# Smallest first: a head dim runs on the first variant that holds it (zero-padded).
+_VARIANTS = (
+    _Variant("d64", _Tile(64, 64, 4, 2, 64, 3, True), _Tile(64, 64, 8, 1, 128, 2, True)),
+    _Variant("d128", _Tile(128, 128, 4, 2, 32, 3, False), _Tile(128, 128, 8, 1, 64, 3, True)),
+    _Variant("d192_128", _Tile(192, 128, 4, 2, 32, 2, False), _Tile(192, 128, 8, 1, 32, 2, True)),
+    _Variant("d256", _Tile(256, 256, 4, 1, 32, 2, False), _Tile(256, 256, 4, 1, 32, 2, False)),
 )
 
 
@@ -187,28 +207,32 @@ def _validate(call, causal, causal_align, window, scale, softcap, return_lse):
 
 
 # ---- planning ----------------------------------------------------------------------
-def _pick_tile(dqk: int, dv: int) -> _Tile:
-    return next(t for t in _TILES if dqk <= t.dim_qk and dv <= t.dim_v)
+def _pick_variant(dqk: int, dv: int) -> _Variant:
+    return next(v for v in _VARIANTS if dqk <= v.dim_qk and dv <= v.dim_v)
 
 
-def _plan(dtype, batch, hq, sq, dqk, dv):
-    """(kernel name, grid, block, shared bytes) for one call."""
+@functools.lru_cache(maxsize=512)
+def _plan(dtype, batch, hq, sq, dqk, dv, general):
+    """(kernel name, grid, block, shared bytes) for one call shape; `general` picks the
+    per-element score path (mask, softcap or scale <= 0)."""
     if dtype == np.float32:
         k_pitch = dqk | 1
         shared = 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk)
         return "flash_fwd_f32", (-(-sq // _F32_WARPS), hq, batch), (32 * _F32_WARPS, 1, 1), shared
-    tile = _pick_tile(dqk, dv)
-    name = f"flash_fwd_{_DTYPE_NAME[dtype]}_{tile.suffix}"
+    variant = _pick_variant(dqk, dv)
+    tile = variant.general if general else variant.plain
+    name = f"flash_fwd_{_DTYPE_NAME[dtype]}_{variant.suffix}{'_general' if general else ''}"
     return name, (-(-sq // tile.rows), hq, batch), (32 * tile.warps, 1, 1), tile.shared_bytes
 
 
-def _vector_io_ok(*arrays: DeviceArray) -> bool:
+def _vector_io_ok(arrays, strides) -> bool:
     """16-byte cp.async/stores are safe: bases aligned and every row start on 8 elements."""
-    for arr in arrays:
+    for arr, arr_strides in zip(arrays, strides):
         if arr.ptr % 16:
             return False
-        if any(n > 1 and s % 8 for n, s in zip(arr.shape[:3], arr.element_strides[:3])):
-            return False
+        for n, stride in zip(arr.shape[:3], arr_strides[:3]):
+            if n > 1 and stride % 8:
+                return False
     return True
 
 
@@ -219,28 +243,29 @@ def _mask_strides(mask: DeviceArray) -> tuple[int, int, int, int]:
     return tuple(strides)
 
 
+# The parameter struct's bytes in _fields_ order, native alignment (as ctypes lays it out).
+_PARAMS_LAYOUT = struct.Struct("@" + "".join(ctype._type_ for _, ctype in _FlashFwdParams._fields_))
+
+
 def _bind(q, k, v, o, lse, mask, sinks, *, scale, softcap, diag_offset, left, right) -> _FlashFwdParams:
+    tensors = (q, k, v, o)
+    strides = [arr.element_strides for arr in tensors]
+    mask_ptr, mask_kind, mask_strides = (0, 0, (0, 0, 0, 0)) if mask is None else (
+        mask.ptr, _MASK_KIND[np.dtype(mask.dtype)], _mask_strides(mask))
+    _, hq, sq, dqk = q.shape
+    _, hkv, skv, _ = k.shape
     p = _FlashFwdParams()
-    p.q, p.k, p.v, p.o = q.ptr, k.ptr, v.ptr, o.ptr
-    p.lse = lse.ptr if lse is not None else None
-    p.sinks = sinks.ptr if sinks is not None else None
-    for name, arr in (("q", q), ("k", k), ("v", v), ("o", o)):
-        b, h, s, _ = arr.element_strides
-        setattr(p, f"{name}_batch_stride", b)
-        setattr(p, f"{name}_head_stride", h)
-        setattr(p, f"{name}_seq_stride", s)
-    if mask is not None:
-        p.mask = mask.ptr
-        p.mask_kind = _MASK_KIND[np.dtype(mask.dtype)]
-        (p.mask_batch_stride, p.mask_head_stride, p.mask_query_stride,
-         p.mask_key_stride) = _mask_strides(mask)
-    p.heads_q, p.seq_q, p.dim_qk = q.shape[1], q.shape[2], q.shape[3]
-    p.heads_kv, p.seq_kv, p.dim_v = k.shape[1], k.shape[2], v.shape[3]
-    p.diag_offset, p.window_left, p.window_right = diag_offset, left, right
-    p.scale, p.softcap = scale, softcap
-    p.vector_io = int(q.dtype != np.float32 and _vector_io_ok(q, k, v, o))
-    # A bounded right edge means later query blocks see more keys: start them first.
-    p.heavy_first = int(right < _UNBOUNDED)
+    # One pack into the struct's buffer costs a fraction of ~40 ctypes field stores, and
+    # this runs on every call.
+    _PARAMS_LAYOUT.pack_into(
+        p, 0, q.ptr, k.ptr, v.ptr, o.ptr, 0 if lse is None else lse.ptr, mask_ptr,
+        0 if sinks is None else sinks.ptr,
+        *strides[0][:3], *strides[1][:3], *strides[2][:3], *strides[3][:3], *mask_strides,
+        hq, hkv, sq, skv, dqk, v.shape[3], mask_kind, diag_offset, left, right, scale, softcap,
+        int(q.dtype != np.float32 and _vector_io_ok(tensors, strides)),
+        # A bounded right edge means later query blocks see more keys: start them first.
+        int(right < _UNBOUNDED),
+    )
     return p
 
 
@@ -272,7 +297,8 @@ def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", wind
         o = call.output((batch, hq, sq, dv), dtype, out)
         lse = call.output((batch, hq, sq), np.float32, name="lse") if return_lse else None
         if o.size:
-            name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv)
+            general = "attn_mask" in a or softcap > 0 or scale <= 0
+            name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv, general)
             if shared > call.device.max_shared_per_block_optin:
                 raise RuntimeError(
                     f"sdpa: {name} needs {shared} bytes of shared memory per block, "

@@ -28,22 +28,32 @@ from .merge import check_sinks, launch_merge, sinks_on_device
 
 __all__ = ["decode", "decode_workspace_bytes", "plan_decode", "DecodePlan"]
 
-KEYS_PER_TILE = 64       # kKeysPerTile in cu/decode.cu
+KEYS_PER_BLOCK = 16      # kBlockKeys in cu/decode.cu: keys a warp group takes per step
 THREADS = 128            # kThreads
 WARPS = THREADS // 32
+SPLIT_ALIGN = KEYS_PER_BLOCK * WARPS  # keys_per_split is a multiple: full splits give every group as many blocks
 D_TILES = (64, 128, 256)  # the decode_split_<dt>_d<D> variants (float32 stops at 128)
 MAX_SQ = 16
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
 CTAS_PER_SM = 4           # grid target: about two waves of the two CTAs an SM holds
-MAX_STAGES = 3
+MAX_STAGES = 4            # cu/decode.cu waits on at most 3 groups in flight
+SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): an SM holds opt-in max + this
 # Measured on the H200 (bf16, Hq32 Hkv8 D128, Sq 1, graph-replayed step, bench.py --suite decode):
 #   v1  CTAS_PER_SM 16, warp-per-row combine          B64 T8192 1.97 TB/s, B1 T32768 0.58 TB/s
 #   v2  CTAS_PER_SM 4, CTA-per-row combine, carveout  2.35 / 1.45
 #   v3  lean K/V loader, O rescaled only when a max moves, two QK chains: 3.03 / 1.85
 # ncu on v2: 2 CTAs/SM (shared memory bound), DRAM 51 %, 4.4 cycles per issued instruction:
-# issue bound rather than bandwidth bound; next are fewer instructions per key and more warps.
-
-
+# issue bound rather than bandwidth bound. Static SASS of v3's bf16 d128 loop: ~1700 instructions per
+# warp per 64-key tile (~860 in the loader: per-row page and 64-bit address math, an integer
+# modulo per tile), every warp waiting at a CTA barrier per tile.
+#   v4  per-group rings of 16-key blocks (no CTA barrier while streaming), one page lookup per
+#       lane per block, pointer-increment loader, lane-constant ldmatrix addresses, padding
+#       zeroed once instead of per-d guards, mask only on edge blocks, early exit of empty
+#       splits (static SASS: ~275 instructions per warp per 16-key block; 3 stages, 2 CTAs/SM):
+#       B64 T8192 4.15 TB/s (0.98 x copy), B128 T2048 3.35 (paged 3.75), B1 T32768 2.01,
+#       B8 T8192 lengths U[1, 8192] 2.42. Open: B128's contiguous cache is slower than the same
+#       keys in shuffled pages (address pattern of 264 streams 512 KB apart?), and B1 spends
+#       about half its time outside streaming (CTA start-up, two waves, the 64-state combine).
 class DecodeParams(ParamStruct):
     """Mirror of DecodeParams in cu/decode.cu (same fields, same order)."""
 
@@ -93,9 +103,21 @@ def d_tile_for(dtype, dqk: int, dv: int) -> int | None:
 
 
 def shared_bytes(d_tile: int, itemsize: int, warps_m: int, stages: int) -> int:
-    ring = (16 * warps_m + stages * 2 * KEYS_PER_TILE) * d_tile * itemsize
+    """The query tile, each warp group's K/V ring, or (reusing it) the end-of-CTA merge."""
+    groups = WARPS // warps_m
+    ring = (16 * warps_m + groups * stages * 2 * KEYS_PER_BLOCK) * d_tile * itemsize
     merge = (2 + d_tile) * 16 * WARPS * 4
     return max(ring, merge)
+
+
+def ring_depth(d_tile: int, itemsize: int, warps_m: int, max_shared: int) -> int:
+    """The deepest ring that still lets two CTAs share an SM (eight warps streaming); failing
+    that the deepest one CTA can hold; 2 when none fits (plan_decode reports it)."""
+    per_sm = max_shared + SHARED_RESERVED_PER_CTA
+    need = {s: shared_bytes(d_tile, itemsize, warps_m, s) for s in range(MAX_STAGES, 1, -1)}
+    fits = [s for s, n in need.items() if n <= max_shared]
+    two_per_sm = [s for s in fits if 2 * (need[s] + SHARED_RESERVED_PER_CTA) <= per_sm]
+    return (two_per_sm or fits or [2])[0]
 
 
 def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, capacity: int, dtype,
@@ -110,11 +132,10 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
     ctas_per_split = batch * hkv * row_blocks
     splits = min(_ceil_div(CTAS_PER_SM * sm_count, ctas_per_split), _ceil_div(capacity, MIN_KEYS_PER_SPLIT))
     splits = max(splits, 1)
-    keys_per_split = _ceil_div(_ceil_div(capacity, splits), KEYS_PER_TILE) * KEYS_PER_TILE
+    keys_per_split = _ceil_div(_ceil_div(capacity, splits), SPLIT_ALIGN) * SPLIT_ALIGN
     splits = _ceil_div(capacity, keys_per_split)
     if stages is None:
-        stages = next((s for s in range(MAX_STAGES, 1, -1)
-                       if shared_bytes(d_tile, dtype.itemsize, warps_m, s) <= max_shared), 2)
+        stages = ring_depth(d_tile, dtype.itemsize, warps_m, max_shared)
     smem = shared_bytes(d_tile, dtype.itemsize, warps_m, stages)
     if smem > max_shared:
         raise ValueError(f"decode: head dim {max(dqk, dv)} in {dtype} needs {smem} bytes of shared memory per "

@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""sdpa tile tuning (developer tool). Two steps, since the GPU machine may lack NVRTC:
+
+    python scripts/sdpa_tune.py build tune.ptx   # here: flash_fwd.cu plus one plain-score
+                                                 # bf16 entry point per candidate tile
+    python scripts/sdpa_tune.py run tune.ptx     # GPU machine, with torch: time every
+                                                 # candidate on the bench_prefill shapes
+
+Each candidate's output is compared with PyTorch flash's, so a fast wrong tile shows; "*"
+marks the tile the table ships. The variant table in cu/flash_fwd.cu (and _VARIANTS in
+runtime/ops/attention.py) takes the winners. Loading the module JIT-compiles every
+candidate first (seconds each): allow for it in a device call's time limit.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+# (Dqk, Dv, warps, m16 tiles a warp, keys a tile, stages, Q in registers): TcTile's order.
+CANDIDATES = [
+    (64, 64, 4, 2, 64, 3, True), (64, 64, 4, 2, 64, 2, False), (64, 64, 4, 2, 128, 2, True),
+    (64, 64, 4, 2, 128, 2, False), (64, 64, 8, 1, 128, 2, True),
+    (128, 128, 4, 2, 32, 3, False), (128, 128, 4, 2, 32, 2, False), (128, 128, 4, 2, 32, 3, True),
+    (128, 128, 4, 2, 64, 2, False), (128, 128, 8, 1, 64, 3, True),
+]
+
+
+def kernel_name(tile) -> str:
+    dqk, dv, warps, m_tiles, keys, stages, q_in_regs = tile
+    return f"tune_d{dqk}_w{warps}_m{m_tiles}_k{keys}_s{stages}_{'qr' if q_in_regs else 'qs'}"
+
+
+def build(out: Path) -> None:
+    from build_ptx import CU, COMMON_OPTIONS, Nvrtc, _wheel_dir
+
+    # The kernel templates without the shipped table: only the candidates get compiled.
+    lines = [(CU / "flash_fwd.cu").read_text().split("// ---- variant table")[0]]
+    for tile in CANDIDATES:
+        args = ", ".join(str(x).lower() for x in tile)
+        lines.append(f"FLASH_FWD_TC({kernel_name(tile)}, __nv_bfloat16, false, {args})")
+    include = _wheel_dir("nvidia.cuda_runtime", "include")
+    options = COMMON_OPTIONS + ["--gpu-architecture=compute_90", f"-I{include}", f"-I{CU}"]
+    out.write_text(Nvrtc().compile("\n".join(lines) + "\n", "sdpa_tune.cu", options))
+    print(f"sdpa_tune: {len(CANDIDATES)} candidates -> {out}")
+
+
+def run(ptx_path: Path) -> None:
+    import torch
+
+    import ptxattn
+    from bench_common import time_ms, torch_sdpa_backends
+    from bench_prefill import SHAPES, _shape_name
+    from ptxattn.context import on_device
+    from ptxattn.driver import call, cu
+    from ptxattn.module import Kernel, load_ptx
+    from ptxattn.ops import attention
+
+    device = ptxattn.get_device(0)
+    stream = ptxattn.as_stream(torch.cuda.current_stream())
+    flash = torch_sdpa_backends()["torch_flash"]
+    shipped = {variant.plain for variant in attention._VARIANTS}
+    with on_device(device):
+        module = load_ptx(ptx_path.read_bytes(), str(ptx_path), device)
+        kernels = {t: Kernel(kernel_name(t), call(cu.cuModuleGetFunction, module, kernel_name(t).encode()), "sm_90")
+                   for t in CANDIDATES}
+    print(f"{'shape':<34} {'kernel':<28} {'smem':>6} {'ms':>8} {'TFLOP/s':>8} {'rel_err':>8}")
+    for b, hq, hkv, s, d, causal in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+                   for h in (hq, hkv, hkv))
+        group = hq // hkv
+        reference = flash(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal=causal).float()
+        out = torch.empty_like(q)
+        qd, kd, vd, od = (ptxattn.from_dlpack(t, stream) for t in (q, k, v, out))
+        flops = 4 * b * hq * s * s * d / (2 if causal else 1)
+
+        def report(label, smem, fn, writes_out=True):
+            err = float("nan")
+            try:
+                if writes_out:
+                    out.fill_(float("nan"))
+                    fn()
+                    torch.cuda.synchronize()
+                    err = float((out.float() - reference).norm() / reference.norm())
+                ms = time_ms(lambda i: fn(), warmup=3, repeat=10)
+            except RuntimeError as exc:
+                print(f"  {label}: {str(exc).splitlines()[0][:100]}")
+                return
+            print(f"{_shape_name(b, hq, hkv, s, d, causal):<34} {label:<28} {smem:>6} {ms:>8.3f} "
+                  f"{flops / (ms * 1e-3) / 1e12:>8.1f} {err:>8.1e}")
+
+        report("torch flash (FA2)", "-", lambda: flash(q, k, v, is_causal=causal, enable_gqa=group > 1),
+               writes_out=False)
+        params = attention._bind(qd, kd, vd, od, None, None, None, scale=1 / math.sqrt(d), softcap=0.0,
+                                 diag_offset=0, left=attention._UNBOUNDED,
+                                 right=0 if causal else attention._UNBOUNDED)
+        for tile, kernel in kernels.items():
+            if tile[0] != d:
+                continue
+            shape = attention._Tile(*tile)
+            grid = (-(-s // shape.rows), hq, b)
+            with on_device(device):
+                report(kernel.name + (" *" if shape in shipped else ""), shape.shared_bytes,
+                       lambda: kernel.launch(grid, (32 * shape.warps, 1, 1), params, stream, shape.shared_bytes))
+        del q, k, v, out, reference
+        torch.cuda.empty_cache()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=["build", "run"])
+    parser.add_argument("ptx", type=Path)
+    args = parser.parse_args()
+    build(args.ptx) if args.step == "build" else run(args.ptx)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
