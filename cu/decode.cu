@@ -450,15 +450,15 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const T* q_t
 }
 
 // ---- the split kernel -----------------------------------------------------------------------
-// Barrier over the warps of one group: groups of 2 or 4 warps use barriers 1 and 2 (0 is
-// __syncthreads'; immediate ids keep ptxas from reserving all 16).
-__device__ __forceinline__ void group_sync(int group, int warps) {
+// Barrier before and after each block: a group of one warp needs only __syncwarp; larger
+// groups use __syncthreads, so every warp of the CTA runs the same number of iterations
+// (a named barrier per group let groups with different block counts pass different numbers
+// of barriers, which compute-sanitizer's racecheck reported as hazards with the merge).
+__device__ __forceinline__ void group_sync(int warps) {
   if (warps == 1) {
     __syncwarp();
-  } else if (group == 0) {
-    asm volatile("bar.sync 1, %0;\n" ::"r"(warps * 32) : "memory");
   } else {
-    asm volatile("bar.sync 2, %0;\n" ::"r"(warps * 32) : "memory");
+    __syncthreads();
   }
 }
 
@@ -517,9 +517,11 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
     return;
   }
 
-  // This group's blocks: begin + (wk + n * groups) * kBlockKeys for n < num_blocks.
+  // This group's blocks: begin + (wk + n * groups) * kBlockKeys for n < num_blocks. Group 0
+  // has the most; with CTA-wide barriers every warp iterates that many times.
   const int group_begin = begin + wk * kBlockKeys, group_step = groups * kBlockKeys;
   const int num_blocks = group_begin < key_end ? (key_end - group_begin + group_step - 1) / group_step : 0;
+  const int iterations = warps_m == 1 ? num_blocks : (key_end - begin + group_step - 1) / group_step;
 
   T* q_tile = reinterpret_cast<T*>(smem);
   T* rings = q_tile + cta_rows * D_TILE;
@@ -563,17 +565,18 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   __syncthreads();
 
   int read_stage = 0, write_stage = p.stages - 1;
-  for (int n = 0; n < num_blocks; ++n) {
-    group_sync(wk, warps_m);  // every warp of the group is done with the stage written next
+  for (int n = 0; n < iterations; ++n) {
+    group_sync(warps_m);  // every warp of the group is done with the stage written next
     const int next = n + p.stages - 1;
     if (next < num_blocks && (next & (warps_m - 1)) == wm)
       loader.load(p, b, group_begin + next * group_step, key_end, ring + write_stage * 2 * C::kBlockElems);
     cp_async_commit();
     cp_async_wait_pending(p.stages - 1);
-    group_sync(wk, warps_m);  // block n has landed for every thread of the group
+    group_sync(warps_m);  // block n has landed for every thread of the group
     const T* k_block = ring + read_stage * 2 * C::kBlockElems;
-    attend_block<T, D_TILE>(p, q_tile, k_block, k_block + C::kBlockElems, wm * 16, group_begin + n * group_step, keys,
-                            ln, st);
+    if (n < num_blocks)
+      attend_block<T, D_TILE>(p, q_tile, k_block, k_block + C::kBlockElems, wm * 16, group_begin + n * group_step,
+                              keys, ln, st);
     read_stage = read_stage + 1 == p.stages ? 0 : read_stage + 1;
     write_stage = write_stage + 1 == p.stages ? 0 : write_stage + 1;
   }

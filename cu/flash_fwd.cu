@@ -528,10 +528,12 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
 // Plain-score kernels: 4 warps of 32 query rows (two m16 tiles, so each K/V fragment feeds
 // four MMAs), 2 blocks an SM at <= 255 registers. Where Q's fragments would not fit beside
 // the 32 x Dv accumulators and the scores, they are re-read from shared memory per k-step.
-// ptxas (sm_90, from the PTX): d64 244 registers, d128 248, d192_128 254, d256 252; general
-// d64 254, d128 222, d192_128 213, d256 249; no spills. Keys a tile / Q in registers were
-// chosen by that limit: d128 with 64 keys (Q re-read) or 32 keys with Q in registers, and
-// d64 with 128 keys, spill a little.
+// ptxas (sm_90, from the PTX): d64 244 registers, d192_128 254, d256 252; general d64 254,
+// d128 222, d192_128 213, d256 249; no spills. d128 takes 64 keys a tile with Q re-read
+// although it spills a little: scripts/sdpa_tune.py on the H200 (kernels launched directly,
+// bf16, TFLOP/s) measured it against the 32-key tile at 340 vs 322 (B4 H32 S4096), 310 vs
+// 296 (same, causal), 326 vs 310 (B2 Hq32 Hkv8 S8192 causal), 336 vs 318 (B1 Hq32 Hkv8
+// S16384 causal); FA2 in the same run: 352, 314, 330, 338.
 // General kernels keep the 16-rows-a-warp tiles: the per-element score path (mask loads,
 // softcap) needs the registers.
 // H200, bf16, scripts/bench.py --suite prefill (2026-11-29, one run), TFLOP/s ours / FA2:
@@ -540,7 +542,7 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
 //   (0.88-0.94x; the 16-row tiles before ran 0.70-0.80x). scripts/sdpa_tune.py times
 //   candidate tiles side by side.
 FLASH_FWD_TC_DTYPES(d64, false, 64, 64, 4, 2, 64, 3, true)
-FLASH_FWD_TC_DTYPES(d128, false, 128, 128, 4, 2, 32, 3, false)
+FLASH_FWD_TC_DTYPES(d128, false, 128, 128, 4, 2, 64, 2, false)
 FLASH_FWD_TC_DTYPES(d192_128, false, 192, 128, 4, 2, 32, 2, false)
 FLASH_FWD_TC_DTYPES(d256, false, 256, 256, 4, 1, 32, 2, false)
 FLASH_FWD_TC_DTYPES(d64_general, true, 64, 64, 8, 1, 128, 2, true)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import weakref
 
+from .context import default_device, on_device
 from .driver import call, cu
 
 __all__ = ["Stream", "Event", "as_stream", "LEGACY_DEFAULT"]
@@ -27,10 +28,12 @@ class Stream:
         )
 
     @classmethod
-    def create(cls, non_blocking: bool = True) -> "Stream":
-        """A new stream in the current context (call inside `on_device`)."""
+    def create(cls, non_blocking: bool = True, device=None) -> "Stream":
+        """A new stream on `device` (default: the current context's device, else device 0),
+        made in the caller's context when it belongs to that device, else in its primary one."""
         flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING if non_blocking else cu.CUstream_flags.CU_STREAM_DEFAULT
-        return cls(call(cu.cuStreamCreate, flags), owned=True)
+        with on_device(device or default_device()):
+            return cls(call(cu.cuStreamCreate, flags), owned=True)
 
     @classmethod
     def from_handle(cls, handle: int) -> "Stream":
@@ -87,13 +90,15 @@ def as_stream(stream) -> Stream:
 
 
 class Event:
-    """A CUDA event in the current context; `timing=True` to measure elapsed time."""
+    """A CUDA event on `device` (chosen as for Stream.create); `timing=True` to measure
+    elapsed time."""
 
     __slots__ = ("handle", "_finalizer", "__weakref__")
 
-    def __init__(self, timing: bool = False) -> None:
+    def __init__(self, timing: bool = False, device=None) -> None:
         flags = cu.CUevent_flags.CU_EVENT_DEFAULT if timing else cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
-        self.handle = call(cu.cuEventCreate, flags)
+        with on_device(device or default_device()):
+            self.handle = call(cu.cuEventCreate, flags)
         self._finalizer = weakref.finalize(self, _destroy_event, self.handle)
 
     def record(self, stream: Stream) -> "Event":

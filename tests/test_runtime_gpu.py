@@ -80,6 +80,17 @@ def test_owned_and_external_streams(dev):
     ts.synchronize()  # the borrowed stream was not destroyed
 
 
+def test_streams_and_events_need_no_context_from_the_caller(dev):
+    while _current():
+        call(cu.cuCtxPopCurrent)
+    s = ptxattn.Stream.create()
+    start = ptxattn.Event(timing=True).record(s)
+    end = ptxattn.Event(timing=True).record(s)
+    end.synchronize()
+    assert start.elapsed_ms(end) >= 0.0
+    assert _current() == 0
+
+
 def test_events_measure_time(dev):
     with on_device(dev):
         s = ptxattn.Stream.create()

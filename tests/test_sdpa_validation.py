@@ -132,7 +132,7 @@ def test_plan_grid():
     assert name == "flash_fwd_bf16_d128" and grid == (32, 32, 4) and block == (128, 1, 1)
     # Two m16 tiles a warp, four warps: 128 query rows; Q in its own region beside three
     # stages of 32 keys.
-    assert shared == 2 * (3 * 32 * 256 + 128 * 128)
+    assert shared == 2 * (2 * 64 * 256 + 128 * 128)  # two stages of 64 keys (K and V) + Q
 
 
 def test_plan_general_variant_for_masks_and_softcap():

@@ -74,7 +74,7 @@ class _Variant:
 # Smallest first: a head dim runs on the first variant that holds it (zero-padded).
 _VARIANTS = (
     _Variant("d64", _Tile(64, 64, 4, 2, 64, 3, True), _Tile(64, 64, 8, 1, 128, 2, True)),
-    _Variant("d128", _Tile(128, 128, 4, 2, 32, 3, False), _Tile(128, 128, 8, 1, 64, 3, True)),
+    _Variant("d128", _Tile(128, 128, 4, 2, 64, 2, False), _Tile(128, 128, 8, 1, 64, 3, True)),
     _Variant("d192_128", _Tile(192, 128, 4, 2, 32, 2, False), _Tile(192, 128, 8, 1, 32, 2, True)),
     _Variant("d256", _Tile(256, 256, 4, 1, 32, 2, False), _Tile(256, 256, 4, 1, 32, 2, False)),
 )
