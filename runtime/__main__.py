@@ -39,16 +39,17 @@ def _run_probe(dev) -> str:
     return "ran" if int(cell.get()[0]) == 1234 else "returned a WRONG value"
 
 
-def _timed(fn, stream) -> float:
-    """Milliseconds of device time for fn() on `stream` (after one warm-up call)."""
+def _timed(fn, stream, calls: int = 20) -> float:
+    """Milliseconds per call of fn() on `stream`, over back-to-back calls after a warm-up."""
     from .stream import Event
 
     fn()
     start = Event(timing=True).record(stream)
-    fn()
+    for _ in range(calls):
+        fn()
     end = Event(timing=True).record(stream)
     end.synchronize()
-    return start.elapsed_ms(end)
+    return start.elapsed_ms(end) / calls
 
 
 def _check(name: str, error: float, bound: float) -> None:
