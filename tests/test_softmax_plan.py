@@ -12,7 +12,7 @@ LENGTHS = [1, 2, 7, 31, 32, 33, 97, 1000, 1024, 1025, 4096, 16384, 16385, 100000
 COUNTS = [1, 3, 127, 4097, 1 << 20]
 
 
-@pytest.mark.parametrize("outer, length", itertools.product(COUNTS, LENGTHS))
+@pytest.mark.parametrize("outer, length", list(itertools.product(COUNTS, LENGTHS)))
 def test_rows(outer, length):
     plan = sm.plan(outer, length, 1)
     threads = plan.block[0]
