@@ -68,3 +68,45 @@ def test_objects_collected_during_capture_are_released_after_it(rng):
         ptxattn.softmax(x, out=y, stream=stream)
     graph.replay()
     np.testing.assert_allclose(y.get(stream), reference.softmax(x.get()), rtol=1e-5, atol=1e-7)
+
+
+def test_readme_decode_step_captured_once_replayed_per_token(rng):
+    """The README's decode loop: append + decode captured once, replayed per token."""
+    batch, hq, hkv, capacity, d = 2, 8, 2, 64, 64
+    bf16 = ptxattn.bfloat16
+    stream = ptxattn.Stream.create()
+    k_cache = ptxattn.zeros((batch, hkv, capacity, d), bf16, stream=stream)
+    v_cache = ptxattn.zeros((batch, hkv, capacity, d), bf16, stream=stream)
+    seq_lens = ptxattn.zeros((batch,), np.int32, stream=stream)
+    q = ptxattn.empty((batch, hq, 1, d), bf16)
+    k_new, v_new = ptxattn.empty((batch, hkv, 1, d), bf16), ptxattn.empty((batch, hkv, 1, d), bf16)
+    out = ptxattn.empty((batch, hq, 1, d), bf16)
+    workspace = ptxattn.empty((ptxattn.decode_workspace_bytes(q, k_cache, v_cache),), np.uint8)
+
+    def step():
+        ptxattn.kv_append(k_new, v_new, k_cache, v_cache, seq_lens, stream=stream)
+        ptxattn.decode(q, k_cache, v_cache, seq_lens, out=out, workspace=workspace, stream=stream)
+
+    keys, values = [], []
+
+    def next_token():
+        host = [rng.standard_normal(a.shape).astype(bf16) for a in (q, k_new, v_new)]
+        for arr, data in zip((q, k_new, v_new), host):
+            arr.set(data, stream)
+        keys.append(host[1])
+        values.append(host[2])
+        return host[0]
+
+    next_token()
+    step()
+    with ptxattn.capture(stream) as graph:
+        step()
+    for _ in range(5):
+        q_host = next_token()
+        graph.replay()
+    ptxattn.check_faults(ptxattn.get_device(0), stream)
+    assert list(seq_lens.get(stream)) == [6, 6]
+    k_host, v_host = np.concatenate(keys, axis=2), np.concatenate(values, axis=2)
+    expected, _ = reference.decode(q_host, k_host, v_host, np.array([6, 6]))
+    got = out.get(stream).astype(np.float64)
+    assert np.linalg.norm(got - expected) / np.linalg.norm(expected) < 1.6e-2
