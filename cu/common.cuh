@@ -1,5 +1,5 @@
-// Shared device helpers for every kernel family: dtype conversion, the fault
-// buffer, and 64-bit index helpers. Kept tiny on purpose; family-specific math
+// Shared device helpers for every kernel family: dtype conversion and the fault
+// buffer. Kept tiny on purpose; family-specific math
 // lives with its family.
 #pragma once
 #include <cuda_fp16.h>
@@ -36,11 +36,6 @@ __device__ __forceinline__ void raise_fault(int* fault, int code, int row, int v
     fault[1] = row;
     fault[2] = value;
   }
-}
-
-// Promote before multiplying: every element offset is computed in 64 bits.
-__device__ __forceinline__ long long offset64(long long index, long long stride) {
-  return index * stride;
 }
 
 }  // namespace ptxattn
