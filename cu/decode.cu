@@ -9,7 +9,11 @@
 //                  page = block_table[b, key / page_size], capacity = max_pages * page_size
 //   o_part     [B, Hq, Sq, splits, Dv] f32, o of each split normalised by its own sum
 //   lse_part   [B, Hq, Sq, splits] f32, natural log; -inf for a split that saw no key
-// merge.cu's fixed-order combine turns the partials into o and lse (and applies sinks).
+// merge.cu's fixed-order combine turns the partials into o and lse (and applies sinks). With
+// one split there is nothing to combine: o_out is set instead, and the kernel writes the final
+// o [B, Hq, Sq, Dv] in q's dtype and lse [B, Hq, Sq] itself, applying sinks as merge.cu does
+// (the values its one-state combine would give), which saves the combine's launch and the
+// partials' round trip through memory.
 //
 // decode_split_<dt>_d<D>: grid (splits, Hkv * row_blocks, B), 128 threads (4 warps), dynamic
 // shared memory sized by runtime/ops/decode.py (shared_bytes). One CTA reads the keys
@@ -39,13 +43,18 @@ struct DecodeParams {
   const void* v;
   const int* seq_lens;     // [B] live keys of each row
   const int* block_table;  // [B, max_pages] page ids, or null for a contiguous cache
-  float* o_part;
+  float* o_part;        // null when o_out is set
   float* lse_part;
+  void* o_out;          // one split: the final o, else null
+  float* lse_out;       // one split: the final lse, or null when not wanted
+  const float* sinks;   // one split: [Hq] or null
   int* fault;
   long long q_stride_b, q_stride_h, q_stride_s;
   long long k_stride_page, k_stride_head, k_stride_tok;
   long long v_stride_page, v_stride_head, v_stride_tok;
   long long block_table_stride;  // elements between two batch rows of block_table
+  long long o_out_stride_b, o_out_stride_h, o_out_stride_s;
+  long long lse_out_stride_b, lse_out_stride_h, lse_out_stride_s;
   int hq, hkv, sq, dqk, dv;
   int capacity;        // keys a row can hold
   int num_pages;       // pages in the pool (paged only)
@@ -470,10 +479,22 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   else cp_async_wait<0>();
 }
 
-// Element d of row gr's partial of this split.
-__device__ __forceinline__ void store_partial(const DecodeParams& p, int b, int kvh, int gr, int split, int d,
-                                              float o, float lse) {
+// Element d of row gr's result over this split (o normalised by the split's own sum): its
+// partial, or with one split the final output, scaled for the sink exactly as merge.cu scales
+// its combine (whose lse and weight for one state are exactly this lse and 1: same values).
+template <class T>
+__device__ __forceinline__ void store_result(const DecodeParams& p, int b, int kvh, int gr, int split, int d,
+                                             float o, float lse) {
   const int head = kvh * (p.hq / p.hkv) + gr / p.sq, t = gr % p.sq;
+  if (p.o_out != nullptr) {
+    float out_scale = lse == neg_inf() ? 0.f : 1.f;
+    if (p.sinks != nullptr && lse != neg_inf()) out_scale = 1.f / (1.f + expf(p.sinks[head] - lse));
+    const long long row = b * p.o_out_stride_b + head * p.o_out_stride_h + t * p.o_out_stride_s;
+    static_cast<T*>(p.o_out)[row + d] = from_float<T>(o * out_scale);
+    if (d == 0 && p.lse_out != nullptr)
+      p.lse_out[b * p.lse_out_stride_b + head * p.lse_out_stride_h + t * p.lse_out_stride_s] = lse;
+    return;
+  }
   const long long part = ((static_cast<long long>(b) * p.hq + head) * p.sq + t) * p.num_splits + split;
   p.o_part[part * p.dv + d] = o;
   if (d == 0) p.lse_part[part] = lse;
@@ -512,7 +533,7 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   if (key_end <= begin) {  // no live key: the neutral partial, at once
     for (int i = threadIdx.x; i < cta_rows * p.dv; i += kThreads) {
       const int gr = row0 + i / p.dv;
-      if (gr < group_rows) store_partial(p, b, kvh, gr, split, i % p.dv, 0.f, neg_inf());
+      if (gr < group_rows) store_result<T>(p, b, kvh, gr, split, i % p.dv, 0.f, neg_inf());
     }
     return;
   }
@@ -626,8 +647,8 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
       l_all += weight * stat_l[w * 16 + r];
       o += weight * part_o[(w * 16 + r) * D_TILE + d];
     }
-    store_partial(p, b, kvh, gr, split, d, l_all > 0.f ? o / l_all : 0.f,
-                  l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : neg_inf());
+    store_result<T>(p, b, kvh, gr, split, d, l_all > 0.f ? o / l_all : 0.f,
+                    l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : neg_inf());
   }
 }
 

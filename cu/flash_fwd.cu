@@ -12,32 +12,10 @@
 // exponent, only edge tiles are cut) and general (per-element score path).
 // f32: a SIMT kernel with the same semantics in exact fp32.
 // Score semantics (softcap, causal/window, masks, -inf handling): attention_common.cuh.
-#include "attention_common.cuh"
+#include "flash_fwd_common.cuh"
 #include "mma.cuh"
 
 namespace ptxattn {
-
-// Mirrored by runtime/ops/attention.py (_FlashFwdParams): same fields, same order.
-struct FlashFwdParams {
-  const void* q;
-  const void* k;
-  const void* v;
-  void* o;
-  float* lse;          // [B, Hq, Sq] contiguous, or null
-  const void* mask;    // read through the four mask strides (0 = broadcast), or null
-  const float* sinks;  // [Hq], or null
-  long long q_batch_stride, q_head_stride, q_seq_stride;
-  long long k_batch_stride, k_head_stride, k_seq_stride;
-  long long v_batch_stride, v_head_stride, v_seq_stride;
-  long long o_batch_stride, o_head_stride, o_seq_stride;
-  long long mask_batch_stride, mask_head_stride, mask_query_stride, mask_key_stride;
-  int heads_q, heads_kv, seq_q, seq_kv, dim_qk, dim_v;
-  int mask_kind;  // MaskKind
-  int diag_offset, window_left, window_right;
-  float scale, softcap;
-  int vector_io;    // host checked: q/k/v/o bases 16-byte aligned, batch/head/seq strides x8
-  int heavy_first;  // visit query blocks last-first (causal: late blocks see more keys)
-};
 
 // Copies a [ROWS, COLS] tile whose row r starts at g + r * row_stride into swizzled
 // shared memory; rows >= rows_valid and columns >= cols_valid become zeros (so padded
@@ -104,30 +82,6 @@ __device__ __forceinline__ float score_log2(const FlashFwdParams& p, const KeyWi
   return x;
 }
 
-// The visible key range of query rows [row_lo, row_hi], clipped to [0, Skv), as BC tiles.
-template <int BC>
-__device__ __forceinline__ void key_tile_range(const FlashFwdParams& p, const KeyWindow& win,
-                                               int row_lo, int row_hi, int& begin, int& end) {
-  const long long lo = max(first_visible_key(win, row_lo), 0LL);
-  const long long hi = min(last_visible_key(win, row_hi), (long long)p.seq_kv - 1);
-  begin = static_cast<int>(lo / BC);
-  end = hi >= lo ? static_cast<int>(hi / BC) + 1 : begin;
-}
-
-// Writes one output row's finished values: o = acc / denom, lse without the sink.
-// A row with no visible key (sum 0) gets o = 0 and lse = -inf, sinks or not.
-struct RowResult {
-  float inv;  // 1 / (sum + sink term), or 0 for an empty row
-  float lse;
-};
-__device__ __forceinline__ RowResult finish_row(const FlashFwdParams& p, int h, float row_max,
-                                                float sum) {
-  if (!(sum > 0.f)) return {0.f, neg_inf()};
-  float denom = sum;
-  if (p.sinks != nullptr) denom += exp2f(p.sinks[h] * kLog2e - row_max);
-  return {1.f / denom, (row_max + log2f(sum)) * kLn2};
-}
-
 extern __shared__ __align__(128) unsigned char dyn_smem[];
 
 // ---- tensor-core kernel (f16 / bf16) ----------------------------------------------
@@ -160,12 +114,6 @@ struct TcTile {
   static constexpr bool Q_IN_STAGE = Q_IN_REGS && BR * DQK <= STAGE_ELEMS;
   static_assert(DQK % 64 == 0 && DV % 64 == 0 && BC % 16 == 0, "tile shape");
 };
-
-// A key offset within a tile, clamped to [-1, BC] (both ends mean "past the tile").
-template <int BC>
-__device__ __forceinline__ int clamp_to_tile(long long key) {
-  return static_cast<int>(max(-1LL, min(key, static_cast<long long>(BC))));
-}
 
 // GENERAL: the per-element score path (masks, softcap, any scale). Otherwise scale > 0 and
 // the only cut keys are those outside each row's causal/window range or past Skv.

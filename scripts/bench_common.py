@@ -7,6 +7,7 @@ ours and PyTorch's work alike.
 from __future__ import annotations
 
 import statistics
+import time
 
 
 def torch_or_none():
@@ -18,19 +19,24 @@ def torch_or_none():
 
 
 def time_ms(fn, *, warmup: int = 5, repeat: int = 30, rotate: int = 1, batch: int = 4) -> float:
-    """Milliseconds per call of `fn(i)`: the median over `repeat` samples, each a CUDA-event
-    pair around max(rotate, batch) back-to-back calls (so the host's per-call cost overlaps
-    the device's work, as in a real loop). `fn` receives the call index modulo `rotate`, so
-    callers can cycle through input sets that together exceed the L2 cache."""
+    """Device milliseconds per call of `fn(i)`: the median over `repeat` samples, each a
+    CUDA-event pair around max(rotate, batch) back-to-back calls. `fn` receives the call
+    index modulo `rotate`, so callers can cycle through input sets that together exceed the
+    L2 cache.
+
+    Before each start event the stream gets a spin kernel that outlasts the host's work of
+    queueing the sample's calls, so the events bracket the calls' device time alone and a
+    backend's host cost per call (ours ~45 us of Python for sdpa, less for PyTorch) cannot
+    leave the device idle inside the timed window; `host_ms` reports that cost."""
     import torch
 
     calls = max(rotate, batch)
-    for i in range(warmup):
-        fn(i % rotate)
+    spin_cycles = int(SPIN_MARGIN * calls * host_ms(fn, warmup, rotate) * 1e-3 * MAX_CLOCK_HZ)
     torch.cuda.synchronize()
     times = []
     for _ in range(repeat):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(spin_cycles)
         start.record()
         for i in range(calls):
             fn(i % rotate)
@@ -38,6 +44,26 @@ def time_ms(fn, *, warmup: int = 5, repeat: int = 30, rotate: int = 1, batch: in
         end.synchronize()
         times.append(start.elapsed_time(end) / calls)
     return statistics.median(times)
+
+
+SPIN_MARGIN = 2.0     # the spin lasts twice the measured queueing time
+MAX_CLOCK_HZ = 2.0e9  # at or above the H200's boost clock (1.98 GHz): the spin errs long
+
+
+def host_ms(fn, calls: int = 5, rotate: int = 1) -> float:
+    """Host milliseconds to queue one call of `fn(i)` (the median of `calls` calls, each
+    after a synchronize so none waits on a full queue); the first call also warms up."""
+    import torch
+
+    fn(0)
+    torch.cuda.synchronize()
+    samples = []
+    for i in range(calls):
+        begin = time.perf_counter()
+        fn(i % rotate)
+        samples.append((time.perf_counter() - begin) * 1e3)
+        torch.cuda.synchronize()
+    return statistics.median(samples)
 
 
 def copy_bandwidth_tbs(nbytes: int = 2 << 30) -> float:

@@ -6,15 +6,18 @@ Effective TB/s counts the bytes a step must move: the live K and V, q and the ou
 step (split kernel + combine) is captured once in a CUDA graph and replayed, as a decode loop
 runs it; PyTorch runs eagerly (its host cost stays below its GPU time at these sizes). Each
 shape's output is checked against PyTorch flash on the live keys, so a fast but wrong kernel
-cannot hide in the table.
+cannot hide in the table. A "uniform" row also reports its live_fraction (live tokens over
+B x capacity) and time_vs_full (its time over the full row of the same B and capacity, run
+just before it): when time scales with live tokens, not capacity, the two are about equal.
 """
 from __future__ import annotations
 
 from bench_common import copy_bandwidth_tbs, rotation_count, time_ms, torch_or_none, torch_sdpa_backends, try_time
 
 HQ, HKV, D = 32, 8, 128
-# (B, capacity, lengths): "full" = every row at capacity, "uniform" = drawn in [1, capacity].
-SHAPES = [(64, 8192, "full"), (128, 2048, "full"), (1, 32768, "full"), (8, 8192, "uniform")]
+# (B, capacity, lengths): "full" = every row at capacity, "uniform" = drawn in [1, capacity]
+# (after the full row of its B and capacity, which it is compared with).
+SHAPES = [(64, 8192, "full"), (128, 2048, "full"), (1, 32768, "full"), (8, 8192, "full"), (8, 8192, "uniform")]
 PAGE_SIZES = (16, 64)
 
 
@@ -46,6 +49,7 @@ def run(args) -> list[dict]:
     stream = ptxattn.as_stream(side.cuda_stream)
     copy_tbs = copy_bandwidth_tbs()
     rows = []
+    full_ms = {}  # (B, capacity) -> our time with every row at capacity
     with torch.cuda.stream(side):
         for b, cap, kind in SHAPES:
             gen = torch.Generator(device="cuda").manual_seed(0)
@@ -119,6 +123,11 @@ def run(args) -> list[dict]:
                 row[f"{name}_ms"] = ms
                 row[f"{name}_tbs"] = tbs[name]
             row["ratio_vs_copy"] = tbs["ptxattn"] / copy_tbs
+            if kind == "full":
+                full_ms[b, cap] = timings["ptxattn"]
+            elif (b, cap) in full_ms:
+                row["live_fraction"] = live / (b * cap)
+                row["time_vs_full"] = timings["ptxattn"] / full_ms[b, cap]
             for page_size in PAGE_SIZES:
                 row[f"paged{page_size}_vs_contiguous"] = tbs[f"paged{page_size}"] / tbs["ptxattn"]
             row["chart"] = {"unit": "TB/s", "series": {**tbs, "copy": copy_tbs}}

@@ -1,12 +1,13 @@
 """Prefill attention (ptxattn.sdpa, bf16) next to PyTorch's flash (FA2) and cuDNN SDPA
 backends, timed side by side in one run. TFLOP/s counts 4·B·Hq·Sq·Skv·D, halved for causal.
 
-Each shape's output is also compared with PyTorch flash's (‖ours − theirs‖ / ‖theirs‖), so a
+Timings are device time (bench_common.time_ms); the host cost of one sdpa() call is its own
+column. Each shape's output is also compared with PyTorch flash's (‖ours − theirs‖ / ‖theirs‖), so a
 fast but wrong kernel cannot hide in the table.
 """
 from __future__ import annotations
 
-from bench_common import rotation_count, torch_or_none, torch_sdpa_backends, try_time
+from bench_common import host_ms, rotation_count, torch_or_none, torch_sdpa_backends, try_time
 
 # (B, Hq, Hkv, S, D, causal): the shapes issue 3 sets its speed goal on.
 SHAPES = [
@@ -54,6 +55,7 @@ def run(args) -> list[dict]:
         torch.cuda.synchronize()
         row = {"shape": _shape_name(b, hq, hkv, s, d, causal)}
         timings = {"ptxattn": try_time(ours, repeat=repeat, rotate=len(sets))}
+        row["ptxattn_host_us"] = 1e3 * host_ms(ours, rotate=len(sets))  # hidden from the timings
         for name, fn in backends.items():
             def theirs(i, fn=fn, gqa=hq != hkv):
                 q, k, v = sets[i]

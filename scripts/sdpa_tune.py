@@ -2,13 +2,14 @@
 """sdpa tile tuning (developer tool). Two steps, since the GPU machine may lack NVRTC:
 
     python scripts/sdpa_tune.py build tune.ptx   # here: flash_fwd.cu plus one plain-score
-                                                 # bf16 entry point per candidate tile
+                                                 # bf16 entry point per candidate tile (and
+                                                 # tune.sm90.ptx: the wgmma candidates)
     python scripts/sdpa_tune.py run tune.ptx     # GPU machine, with torch: time every
                                                  # candidate on the bench_prefill shapes
 
 Each candidate's output is compared with PyTorch flash's, so a fast wrong tile shows; "*"
-marks the tile the table ships. The variant table in cu/flash_fwd.cu (and _VARIANTS in
-runtime/ops/attention.py) takes the winners. Loading the module JIT-compiles every
+marks the tile the table ships. The variant tables in cu/flash_fwd.cu and cu/flash_fwd_sm90.cu
+(and _VARIANTS / _SM90_TILES in runtime/ops/attention.py) take the winners. Loading the module JIT-compiles every
 candidate first (seconds each): allow for it in a device call's time limit.
 """
 from __future__ import annotations
@@ -29,6 +30,14 @@ CANDIDATES = [
 ]
 
 
+# (D, warpgroups): Sm90Tile's order, cu/flash_fwd_sm90.cu (sm_90a).
+SM90_CANDIDATES = [(64, 2), (64, 3), (128, 2), (128, 3)]
+
+
+def sm90_kernel_name(tile) -> str:
+    return f"tune_sm90_d{tile[0]}_g{tile[1]}"
+
+
 def kernel_name(tile) -> str:
     dqk, dv, warps, m_tiles, keys, stages, q_in_regs = tile
     return f"tune_d{dqk}_w{warps}_m{m_tiles}_k{keys}_s{stages}_{'qr' if q_in_regs else 'qs'}"
@@ -43,9 +52,17 @@ def build(out: Path) -> None:
         args = ", ".join(str(x).lower() for x in tile)
         lines.append(f"FLASH_FWD_TC({kernel_name(tile)}, __nv_bfloat16, false, {args})")
     include = _wheel_dir("nvidia.cuda_runtime", "include")
-    options = COMMON_OPTIONS + ["--gpu-architecture=compute_90", f"-I{include}", f"-I{CU}"]
-    out.write_text(Nvrtc().compile("\n".join(lines) + "\n", "sdpa_tune.cu", options))
-    print(f"sdpa_tune: {len(CANDIDATES)} candidates -> {out}")
+    options = COMMON_OPTIONS + [f"-I{include}", f"-I{CU}"]
+    out.write_text(Nvrtc().compile("\n".join(lines) + "\n", "sdpa_tune.cu", options + ["--gpu-architecture=compute_90"]))
+    sm90 = [(CU / "flash_fwd_sm90.cu").read_text()]
+    sm90 += [f"FLASH_FWD_SM90({sm90_kernel_name(t)}, __nv_bfloat16, {t[0]}, {t[1]})" for t in SM90_CANDIDATES]
+    options += ["--gpu-architecture=compute_90a", "-DPTXATTN_SM90_TABLE"]
+    _sm90_path(out).write_text(Nvrtc().compile("\n".join(sm90) + "\n", "sdpa_tune_sm90.cu", options))
+    print(f"sdpa_tune: {len(CANDIDATES)} + {len(SM90_CANDIDATES)} candidates -> {out}, {_sm90_path(out)}")
+
+
+def _sm90_path(ptx: Path) -> Path:
+    return ptx.with_suffix(".sm90.ptx")
 
 
 def run(ptx_path: Path) -> None:
@@ -63,10 +80,21 @@ def run(ptx_path: Path) -> None:
     stream = ptxattn.as_stream(torch.cuda.current_stream())
     flash = torch_sdpa_backends()["torch_flash"]
     shipped = {variant.plain for variant in attention._VARIANTS}
-    with on_device(device):
-        module = load_ptx(ptx_path.read_bytes(), str(ptx_path), device)
-        kernels = {t: Kernel(kernel_name(t), call(cu.cuModuleGetFunction, module, kernel_name(t).encode()), "sm_90")
-                   for t in CANDIDATES}
+    def load(path, names):
+        with on_device(device):
+            module = load_ptx(path.read_bytes(), str(path), device)
+            return [Kernel(n, call(cu.cuModuleGetFunction, module, n.encode()), "sm_90") for n in names]
+
+    # (kernel, rows a CTA, threads, shared bytes, Dqk, shipped) per candidate.
+    candidates = []
+    for tile, kernel in zip(CANDIDATES, load(ptx_path, [kernel_name(t) for t in CANDIDATES])):
+        shape = attention._Tile(*tile)
+        candidates.append((kernel, shape.rows, 32 * shape.warps, shape.shared_bytes, tile[0], shape in shipped))
+    sm90 = load(_sm90_path(ptx_path), [sm90_kernel_name(t) for t in SM90_CANDIDATES])
+    for (dim, groups), kernel in zip(SM90_CANDIDATES, sm90):
+        shape = attention._Sm90Tile(dim, groups)
+        candidates.append((kernel, shape.rows, shape.threads, shape.shared_bytes, dim,
+                           attention._SM90_TILES.get(dim) == shape))
     print(f"{'shape':<34} {'kernel':<28} {'smem':>6} {'ms':>8} {'TFLOP/s':>8} {'rel_err':>8}")
     for b, hq, hkv, s, d, causal in SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)
@@ -97,15 +125,14 @@ def run(ptx_path: Path) -> None:
                writes_out=False)
         params = attention._bind(qd, kd, vd, od, None, None, None, scale=1 / math.sqrt(d), softcap=0.0,
                                  diag_offset=0, left=attention._UNBOUNDED,
-                                 right=0 if causal else attention._UNBOUNDED)
-        for tile, kernel in kernels.items():
-            if tile[0] != d:
+                                 right=0 if causal else attention._UNBOUNDED, vector_io=True)
+        for kernel, rows, threads, smem, dim, is_shipped in candidates:
+            if dim != d:
                 continue
-            shape = attention._Tile(*tile)
-            grid = (-(-s // shape.rows), hq, b)
+            grid = (-(-s // rows), hq, b)
             with on_device(device):
-                report(kernel.name + (" *" if shape in shipped else ""), shape.shared_bytes,
-                       lambda: kernel.launch(grid, (32 * shape.warps, 1, 1), params, stream, shape.shared_bytes))
+                report(kernel.name + (" *" if is_shipped else ""), smem,
+                       lambda: kernel.launch(grid, (threads, 1, 1), params, stream, smem))
         del q, k, v, out, reference
         torch.cuda.empty_cache()
 

@@ -14,14 +14,19 @@ from ptxattn.context import on_device
 from ptxattn.ops.decode import plan_decode
 
 from decode_util import DTYPE_IDS, DTYPES, GuardedAttention, check_attention, nan_tail_cache, rand, to_layout
+from gpu_util import GuardedOutput
 
 pytestmark = pytest.mark.gpu
 
 
-def split_size(batch, hq, hkv, sq, d, capacity, dtype) -> int:
+def device_plan(batch, hq, hkv, sq, d, capacity, dtype):
     dev = ptxattn.get_device(0)
     return plan_decode(batch=batch, hq=hq, hkv=hkv, sq=sq, dqk=d, dv=d, capacity=capacity, dtype=dtype,
-                       sm_count=dev.sm_count, max_shared=dev.max_shared_per_block_optin).keys_per_split
+                       sm_count=dev.sm_count, max_shared=dev.max_shared_per_block_optin)
+
+
+def split_size(batch, hq, hkv, sq, d, capacity, dtype) -> int:
+    return device_plan(batch, hq, hkv, sq, d, capacity, dtype).keys_per_split
 
 
 def run(rng, q, k_hnd, v_hnd, lens, layout="HND", **options):
@@ -82,6 +87,30 @@ def test_options(rng, dtype, case):
     check_attention(o, lse, *ref, dtype)
 
 
+@pytest.mark.parametrize("capacity", [200, 1000], ids=["one_split", "several_splits"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_sinks_lse_and_empty_rows_with_one_split_and_with_several(rng, dtype, capacity):
+    # One split: the split kernel writes o and lse itself (no combine); several: the combine.
+    batch, hq, hkv, sq, d = 4, 8, 2, 2, 64
+    assert (device_plan(batch, hq, hkv, sq, d, capacity, dtype).num_splits == 1) == (capacity == 200)
+    lens = [0, 1, capacity // 2 + 1, capacity]
+    q = rand(rng, (batch, hq, sq, d), dtype)
+    k = nan_tail_cache(rng, batch, hkv, capacity, d, dtype, lens)
+    v = nan_tail_cache(rng, batch, hkv, capacity, d, dtype, lens)
+    sinks = rng.standard_normal(hq).astype(np.float32)
+    options = {"window": (70, 0), "softcap": 4.0}
+    o, lse = run(rng, q, k, v, lens, sinks=ptxattn.asarray(sinks), **options)
+    ref_o, ref_lse = reference.decode(q, k, v, lens, sinks=sinks, **options)
+    check_attention(o, lse, ref_o, ref_lse, dtype)
+    # Row 0 has no key, and row 1's first query (t = 0 of Sq 2) none either.
+    assert not np.asarray(o[0], np.float32).any() and (lse[0] == -np.inf).all() and (lse[1, :, 0] == -np.inf).all()
+    # Without an lse output: the same o, bit for bit.
+    alone = GuardedOutput(o.shape, dtype, rng)
+    ptxattn.decode(*(ptxattn.asarray(x) for x in (q, k, v, np.asarray(lens, np.int32))), sinks=ptxattn.asarray(sinks),
+                   out=alone.array, **options)
+    assert alone.check().tobytes() == o.tobytes()
+
+
 def test_numpy_in_numpy_out(rng):
     dtype, lens = ptxattn.bfloat16, np.array([5, 0, 40], np.int32)
     q = rand(rng, (3, 8, 2, 64), dtype)
@@ -136,6 +165,25 @@ def test_graph_replay_follows_device_lengths_bitwise(rng):
         assert replayed.tobytes() == eager.tobytes()
         check_attention(replayed, None, reference.decode(q.get(stream), k_host, v_host, host_lens)[0], None,
                         dtype)
+
+
+def test_one_split_captures_without_a_workspace(rng):
+    # One split needs no workspace, so capture on a stream whose arena holds nothing works.
+    dtype, batch, hq, hkv, d, cap = np.float16, 2, 8, 2, 64, 128
+    assert device_plan(batch, hq, hkv, 1, d, cap, dtype).workspace_bytes == 0
+    dev = ptxattn.get_device(0)
+    with on_device(dev):
+        stream = ptxattn.Stream.create()
+    q_host, lens_host = rand(rng, (batch, hq, 1, d), dtype), np.array([cap, 77], np.int32)
+    k_host, v_host = rand(rng, (batch, hkv, cap, d), dtype), rand(rng, (batch, hkv, cap, d), dtype)
+    q, k, v, lens = (ptxattn.asarray(x, stream) for x in (q_host, k_host, v_host, lens_host))
+    out = ptxattn.empty((batch, hq, 1, d), dtype, dev)
+    ptxattn.decode(q, k, v, lens, out=out, stream=stream)  # load modules first
+    with ptxattn.capture(stream, dev) as graph:
+        ptxattn.decode(q, k, v, lens, out=out, stream=stream)
+    out.set(np.full(out.shape, np.nan, dtype), stream)
+    graph.replay(stream)
+    check_attention(out.get(stream), None, reference.decode(q_host, k_host, v_host, lens_host)[0], None, dtype)
 
 
 @pytest.mark.parametrize("bad_len, code", [(1001, 2), (-3, 4)])

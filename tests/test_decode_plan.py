@@ -1,13 +1,21 @@
 """Split-KV planning arithmetic (no GPU): the grid covers every key exactly once, fills the
-SMs on a long single sequence, and depends on nothing but shapes and the device."""
+SMs in one wave on a long single sequence, and depends on nothing but shapes and the device; the ctypes
+parameter structs mirror the kernels' structs field for field."""
 from __future__ import annotations
+
+import ctypes
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ptxattn
 from ptxattn import Device
-from ptxattn.ops.decode import SPLIT_ALIGN, plan_decode
+from ptxattn.ops.decode import SPLIT_ALIGN, DecodeParams, plan_decode
+from ptxattn.ops.merge import MergeParams
+
+CU = Path(__file__).resolve().parent.parent / "cu"
 
 H200 = dict(sm_count=132, max_shared=232448)
 BF16 = ptxattn.bfloat16
@@ -27,9 +35,24 @@ def test_splits_cover_the_capacity_once(batch, capacity):
     assert p.grid == (p.num_splits, 8, batch)
 
 
-def test_one_long_sequence_fills_every_sm():
+def test_one_long_sequence_fills_every_sm_in_one_wave():
     p = plan(batch=1, capacity=32768)
-    assert p.grid[0] * p.grid[1] * p.grid[2] >= 2 * H200["sm_count"]
+    slots = 2 * H200["sm_count"]  # two CTAs an SM (test_ring_depth_follows_the_shared_memory_limit)
+    assert 0.95 * slots <= p.grid[0] * p.grid[1] * p.grid[2] <= slots
+
+
+@pytest.mark.parametrize("batch, capacity", [(8, 8192), (2, 4096), (16, 32768), (1, 512), (4, 16384)])
+def test_several_splits_stay_within_one_wave(batch, capacity):
+    p = plan(batch=batch, capacity=capacity)
+    assert p.num_splits > 1 and p.grid[0] * p.grid[1] * p.grid[2] <= 2 * H200["sm_count"]
+
+
+def test_ctas_per_sm_overrides_the_grid_target():
+    default = plan(batch=1, capacity=32768)
+    assert plan(batch=1, capacity=32768, ctas_per_sm=2).grid == default.grid
+    one = plan(batch=1, capacity=32768, ctas_per_sm=1)
+    assert one.num_splits < default.num_splits
+    assert one.grid[0] * one.grid[1] >= 0.95 * H200["sm_count"]
 
 
 @pytest.mark.parametrize("hq, hkv, sq, warps_m, row_blocks", [
@@ -44,6 +67,13 @@ def test_workspace_holds_every_partial():
     partials = 4 * 16 * 2 * p.num_splits
     assert p.workspace.sizes == {"o_part": partials * 64 * 4, "lse_part": partials * 4}
     assert p.workspace_bytes >= partials * 65 * 4
+
+
+@pytest.mark.parametrize("batch, capacity", [(128, 2048), (3, 256), (1, 1)])
+def test_one_split_needs_no_workspace(batch, capacity):
+    # The split kernel writes o and lse itself: no partials, no combine.
+    p = plan(batch=batch, capacity=capacity)
+    assert p.num_splits == 1 and p.workspace_bytes == 0
 
 
 @pytest.mark.parametrize("dtype, d, kernel", [(np.float16, 64, "decode_split_f16_d64"), (BF16, 96, "decode_split_bf16_d128"),
@@ -69,3 +99,21 @@ def test_workspace_bytes_helper_matches_the_plan():
     table = np.zeros((64, 512), np.int32)
     assert ptxattn.paged_decode_workspace_bytes(q, pool, pool, table, device=device) == \
         plan(dtype=np.float16).workspace_bytes
+
+
+def c_struct_fields(source: Path, struct: str) -> list[tuple[str, int]]:
+    """(name, bytes) of each field of `struct` in a kernel source, in order."""
+    body = re.search(rf"struct {struct} {{(.*?)\n}};", source.read_text(), re.S).group(1)
+    fields = []
+    for decl in re.sub(r"//[^\n]*", "", body).split(";"):
+        if decl.strip():
+            ctype, names = re.fullmatch(r"(.*?[\s*])(\w+(?:\s*,\s*\w+)*)", decl.strip(), re.S).groups()
+            size = 8 if "*" in ctype or "long long" in ctype else 4
+            fields += [(name.strip(), size) for name in names.split(",")]
+    return fields
+
+
+@pytest.mark.parametrize("source, struct, mirror", [("decode.cu", "DecodeParams", DecodeParams),
+                                                    ("merge.cu", "MergeParams", MergeParams)])
+def test_param_struct_mirrors_the_kernel(source, struct, mirror):
+    assert c_struct_fields(CU / source, struct) == [(name, ctypes.sizeof(t)) for name, t in mirror._fields_]

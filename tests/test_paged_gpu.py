@@ -47,6 +47,21 @@ def test_paged_matches_reference_and_contiguous_bits(rng, dtype, page_size, layo
     assert o.tobytes() == contiguous.tobytes()
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_one_split_paged_matches_reference_and_contiguous_bits(rng, dtype):
+    # A capacity of one split: the split kernel writes o and lse itself, pages or not.
+    batch, hq, hkv, d, page_size, cap = 3, 8, 2, 64, 16, 192
+    lens = [0, 17, cap]
+    k = nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens)
+    k_pool, table = paginate(rng, k, page_size)
+    q = rand(rng, (batch, hq, 1, d), dtype)
+    sinks = rng.standard_normal(hq).astype(np.float32)
+    o, lse = paged_run(rng, q, k_pool, k_pool, table, lens, "NHD", sinks=ptxattn.asarray(sinks))
+    check_attention(o, lse, *reference.decode(q, k, k, lens, sinks=sinks), dtype)
+    contiguous, contiguous_lse = ptxattn.decode(q, k, k, np.asarray(lens, np.int32), sinks=sinks, return_lse=True)
+    assert o.tobytes() == contiguous.tobytes() and lse.tobytes() == contiguous_lse.tobytes()
+
+
 @pytest.mark.parametrize("slot_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_paged_append_then_decode(rng, slot_dtype, layout):

@@ -97,6 +97,15 @@ EXPLICIT = [
     Case(F16, 1, 4, 2, 300, 700, 128, 128, window=(-1, 100), lse=True),
     Case(BF16, 1, 2, 1, 200, 333, 192, 128, causal=True, align="bottom_right"),
     Case(BF16, 1, 2, 1, 40, 70, 64, 64, scale=-0.5),  # scale < 0 takes the general kernel
+    # Dqk = Dv = 64 or 128 with plain scores: the wgmma kernels on sm_90 devices (128-row
+    # query blocks, 128-key tiles), else the mma.sync ones.
+    Case(BF16, 1, 8, 2, 300, 1000, 128, 128, causal=True, align="bottom_right", sinks=True),
+    Case(F16, 2, 4, 4, 257, 129, 128, 128, causal=True),
+    Case(BF16, 1, 2, 1, 200, 700, 128, 128, window=(50, 20)),
+    Case(BF16, 1, 2, 2, 130, 90, 128, 128, causal=True, align="bottom_right"),  # rows with no key
+    Case(F16, 1, 4, 1, 1, 2049, 128, 128, scale=0.05),
+    Case(BF16, 2, 2, 1, 128, 128, 128, 128, window=(-1, 0), sinks=True),
+    Case(F16, 1, 4, 2, 333, 901, 64, 64, causal=True, align="bottom_right", window=(200, 0), sinks=True),
 ]
 
 
@@ -195,16 +204,17 @@ def test_numpy_in_numpy_out(rng):
     assert np.array_equal(out.view(np.uint16), o.view(np.uint16))
 
 
-@pytest.mark.parametrize("dtype", [BF16, F32])
-def test_bitwise_deterministic(dtype, rng):
+@pytest.mark.parametrize("dtype,masked", [(BF16, True), (F32, True), (BF16, False)])
+def test_bitwise_deterministic(dtype, masked, rng):
     case = Case(dtype, 2, 8, 2, 300, 700, 128, 128, causal=True, align="bottom_right",
-                mask="b11k", mask_dtype=F32, sinks=True)
+                mask="b11k" if masked else None, mask_dtype=F32 if masked else None, sinks=True)
     q, k, v, mask, sinks = _inputs(case, rng)
     args = [ptxattn.asarray(x) for x in (q, k, v)]
     runs = []
     for _ in range(3):
-        o, lse = ptxattn.sdpa(*args, attn_mask=ptxattn.asarray(mask), sinks=ptxattn.asarray(sinks),
-                              return_lse=True, causal=True, causal_align="bottom_right")
+        o, lse = ptxattn.sdpa(*args, attn_mask=None if mask is None else ptxattn.asarray(mask),
+                              sinks=ptxattn.asarray(sinks), return_lse=True, causal=True,
+                              causal_align="bottom_right")
         runs.append((o.get().tobytes(), lse.get().tobytes()))
     assert runs[0] == runs[1] == runs[2]
 
@@ -234,6 +244,15 @@ def test_strided_bshd_inputs_and_output(dtype, offset, rng):
     _check(case, got, None, *(x.transpose(0, 2, 1, 3) for x in (q, k, v)), None, None)
 
 
+def test_sm90_devices_take_the_wgmma_kernel():
+    device = ptxattn.get_device(0)
+    if device.compute_capability != (9, 0):
+        pytest.skip(f"the wgmma kernel runs on compute capability 9.0, this is {device.compute_capability}")
+    from ptxattn.ops import attention
+    assert attention._runs_wgmma(device)
+    assert attention._plan(BF16, 1, 2, 300, 128, 128, False, True)[0] == "flash_fwd_sm90_bf16_d128"
+
+
 def test_broadcast_mask_is_read_through_zero_strides(rng):
     case = Case(F16, 2, 4, 2, 40, 70, 64, 64, mask="bhqk", mask_dtype=F32)
     q, k, v, _, _ = _inputs(case, rng)
@@ -247,11 +266,12 @@ def test_broadcast_mask_is_read_through_zero_strides(rng):
 
 
 @pytest.mark.slow
-def test_kv_past_two_to_the_31_elements():
-    """K and V of 2^31 + 2^14 elements each (B1 H1 Skv 2^23 + 64, D256 bf16): a bottom-right
+@pytest.mark.parametrize("d", [256, 128])  # 128: the wgmma kernel on sm_90
+def test_kv_past_two_to_the_31_elements(d):
+    """K and V of 2^31 + 64 * d elements each (B1 H1 Skv 2^31 / d + 64, bf16): a bottom-right
     window makes the queries read only the last keys, all past element 2^31."""
     rng = np.random.default_rng(7)
-    skv, d, sq, period = (1 << 23) + 64, 256, 64, 65537  # period does not divide 2^23
+    skv, sq, period = (1 << 31) // d + 64, 64, 65537  # period does not divide 2^31 / d
     block_k = _rand(rng, (period, d), BF16)
     block_v = _rand(rng, (period, d), BF16)
     reps = -(-skv // period)

@@ -98,15 +98,19 @@ def test_bind_packs_every_field_in_order():
     o = Fake(8192, (2, 8, 5, 32), (1280, 160, 32, 1))
     mask = Fake(16384, (5, 7), (7, 1), np.bool_)
     lse, sinks = Fake(32768, (2, 8, 5), (40, 5, 1)), Fake(65536, (8,), (1,))
-    p = attention._bind(q, k, v, o, lse, mask, sinks, scale=0.5, softcap=2.0, diag_offset=2, left=3, right=0)
+    p = attention._bind(q, k, v, o, lse, mask, sinks, scale=0.5, softcap=2.0, diag_offset=2, left=3, right=0,
+                        vector_io=True)
     got = [getattr(p, name) for name, _ in attention._FlashFwdParams._fields_]
     assert got == [1024, 2048, 4096, 8192, 32768, 16384, 65536, 2560, 320, 64, 1792, 448, 64,
                    896, 224, 32, 1280, 160, 32, 0, 0, 7, 1, 8, 4, 5, 7, 64, 32, 1, 2, 3, 0,
                    0.5, 2.0, 1, 1]
-    bare = attention._bind(q, k, v, Fake(8200, o.shape, o.element_strides), None, None, None, scale=1.0,
-                           softcap=0.0, diag_offset=0, left=5, right=attention._UNBOUNDED)
+    misaligned_o = Fake(8200, o.shape, o.element_strides)
+    assert attention._vector_io_ok((q, k, v, o), [t.element_strides for t in (q, k, v, o)])
+    assert not attention._vector_io_ok((q, k, v, misaligned_o), [t.element_strides for t in (q, k, v, o)])
+    bare = attention._bind(q, k, v, misaligned_o, None, None, None, scale=1.0, softcap=0.0, diag_offset=0,
+                           left=5, right=attention._UNBOUNDED, vector_io=False)
     assert (bare.lse, bare.mask, bare.sinks, bare.mask_kind) == (None, None, None, 0)
-    assert (bare.vector_io, bare.heavy_first) == (0, 0)  # o's base is not 16-byte aligned
+    assert (bare.vector_io, bare.heavy_first) == (0, 0)
 
 
 @pytest.mark.parametrize("dqk,dv,suffix", [
@@ -123,12 +127,12 @@ def test_every_tile_fits_sm86_shared_memory():
     for variant in attention._VARIANTS:
         for tile in (variant.plain, variant.general):
             assert tile.shared_bytes <= 99 * 1024, tile
-    name, grid, block, shared = attention._plan(np.dtype(np.float32), 2, 3, 9, 256, 256, False)
+    name, grid, block, shared = attention._plan(np.dtype(np.float32), 2, 3, 9, 256, 256, False, True)
     assert name == "flash_fwd_f32" and grid == (3, 3, 2) and block == (128, 1, 1) and shared <= 99 * 1024
 
 
 def test_plan_grid():
-    name, grid, block, shared = attention._plan(ptxattn.bfloat16, 4, 32, 4096, 128, 128, False)
+    name, grid, block, shared = attention._plan(ptxattn.bfloat16, 4, 32, 4096, 128, 128, False, False)
     assert name == "flash_fwd_bf16_d128" and grid == (32, 32, 4) and block == (128, 1, 1)
     # Two m16 tiles a warp, four warps: 128 query rows; Q in its own region beside three
     # stages of 32 keys.
@@ -136,9 +140,25 @@ def test_plan_grid():
 
 
 def test_plan_general_variant_for_masks_and_softcap():
-    name, grid, block, shared = attention._plan(np.dtype(np.float16), 1, 2, 300, 100, 100, True)
+    name, grid, block, shared = attention._plan(np.dtype(np.float16), 1, 2, 300, 100, 100, True, True)
     assert name == "flash_fwd_f16_d128_general" and grid == (3, 2, 1) and block == (256, 1, 1)
     assert shared == 2 * 3 * 64 * 256  # three stages of 64 keys; Q borrows the last one
+
+
+def test_plan_wgmma_kernel_on_sm90():
+    # Dqk = Dv = 64 or 128 with plain scores and aligned tensors on a device that loads sm_90a PTX.
+    name, grid, block, shared = attention._plan(ptxattn.bfloat16, 4, 32, 4000, 128, 128, False, True)
+    # Three warpgroups of 64 query rows; Q + two stages of 128-key K and V tiles, aligned base.
+    assert name == "flash_fwd_sm90_bf16_d128" and grid == (21, 32, 4) and block == (384, 1, 1)
+    assert shared == 2 * 128 * (192 + 4 * 128) + 1024 <= 227 * 1024
+    for tile in attention._SM90_TILES.values():
+        assert tile.shared_bytes <= 227 * 1024, tile
+    # Everything else keeps the mma.sync kernels.
+    assert attention._plan(np.dtype(np.float16), 1, 2, 300, 128, 128, True, True)[0] == "flash_fwd_f16_d128_general"
+    assert attention._plan(ptxattn.bfloat16, 1, 2, 300, 64, 64, False, True)[0] == "flash_fwd_sm90_bf16_d64"
+    assert attention._plan(ptxattn.bfloat16, 1, 2, 300, 64, 64, False, False)[0] == "flash_fwd_bf16_d64"
+    assert attention._plan(ptxattn.bfloat16, 1, 2, 300, 96, 96, False, True)[0] == "flash_fwd_bf16_d128"
+    assert attention._plan(ptxattn.bfloat16, 1, 2, 300, 128, 64, False, True)[0] == "flash_fwd_bf16_d128"
 
 
 def test_window_bounds():

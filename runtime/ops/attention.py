@@ -16,7 +16,7 @@ import numpy as np
 from ..array import DeviceArray
 from ..context import on_device
 from ..dtypes import bfloat16
-from ..module import ParamStruct, get_kernel
+from ..module import ParamStruct, get_kernel, loaded_arch
 from ._io import gather
 
 __all__ = ["sdpa"]
@@ -70,6 +70,30 @@ class _Variant:
     def dim_v(self) -> int:
         return self.plain.dim_v
 
+
+@dataclass(frozen=True)
+class _Sm90Tile:
+    """One Sm90Tile<D, GROUPS> of cu/flash_fwd_sm90.cu (wgmma, sm_90a PTX): GROUPS warpgroups
+    of 64 query rows, 128-key K/V tiles, Dqk = Dv = dim."""
+    dim: int
+    groups: int
+
+    @property
+    def rows(self) -> int:
+        return 64 * self.groups
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.groups
+
+    @property
+    def shared_bytes(self) -> int:
+        # Q, two stages of K and V, and 1024 bytes to align the base for the swizzle.
+        return 2 * self.dim * (self.rows + 4 * 128) + 1024
+
+
+# Mirrors the FLASH_FWD_SM90_DTYPES table of cu/flash_fwd_sm90.cu.
+_SM90_TILES = {64: _Sm90Tile(64, 3), 128: _Sm90Tile(128, 3)}
 
 # Smallest first: a head dim runs on the first variant that holds it (zero-padded).
 _VARIANTS = (
@@ -212,17 +236,28 @@ def _pick_variant(dqk: int, dv: int) -> _Variant:
 
 
 @functools.lru_cache(maxsize=512)
-def _plan(dtype, batch, hq, sq, dqk, dv, general):
+def _plan(dtype, batch, hq, sq, dqk, dv, general, wgmma):
     """(kernel name, grid, block, shared bytes) for one call shape; `general` picks the
-    per-element score path (mask, softcap or scale <= 0)."""
+    per-element score path (mask, softcap or scale <= 0); `wgmma` says the device runs the
+    sm_90a kernels and the tensors are 16-byte aligned."""
     if dtype == np.float32:
         k_pitch = dqk | 1
         shared = 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk)
         return "flash_fwd_f32", (-(-sq // _F32_WARPS), hq, batch), (32 * _F32_WARPS, 1, 1), shared
+    if wgmma and not general and dqk == dv and dqk in _SM90_TILES:
+        tile = _SM90_TILES[dqk]
+        name = f"flash_fwd_sm90_{_DTYPE_NAME[dtype]}_d{dqk}"
+        return name, (-(-sq // tile.rows), hq, batch), (tile.threads, 1, 1), tile.shared_bytes
     variant = _pick_variant(dqk, dv)
     tile = variant.general if general else variant.plain
     name = f"flash_fwd_{_DTYPE_NAME[dtype]}_{variant.suffix}{'_general' if general else ''}"
     return name, (-(-sq // tile.rows), hq, batch), (32 * tile.warps, 1, 1), tile.shared_bytes
+
+
+@functools.lru_cache(maxsize=None)
+def _runs_wgmma(device) -> bool:
+    """The device loads the sm_90a (wgmma) PTX of cu/flash_fwd_sm90.cu."""
+    return loaded_arch(device, "flash_fwd_sm90") is not None
 
 
 def _vector_io_ok(arrays, strides) -> bool:
@@ -247,9 +282,8 @@ def _mask_strides(mask: DeviceArray) -> tuple[int, int, int, int]:
 _PARAMS_LAYOUT = struct.Struct("@" + "".join(ctype._type_ for _, ctype in _FlashFwdParams._fields_))
 
 
-def _bind(q, k, v, o, lse, mask, sinks, *, scale, softcap, diag_offset, left, right) -> _FlashFwdParams:
-    tensors = (q, k, v, o)
-    strides = [arr.element_strides for arr in tensors]
+def _bind(q, k, v, o, lse, mask, sinks, *, scale, softcap, diag_offset, left, right, vector_io) -> _FlashFwdParams:
+    strides = [arr.element_strides for arr in (q, k, v, o)]
     mask_ptr, mask_kind, mask_strides = (0, 0, (0, 0, 0, 0)) if mask is None else (
         mask.ptr, _MASK_KIND[np.dtype(mask.dtype)], _mask_strides(mask))
     _, hq, sq, dqk = q.shape
@@ -262,7 +296,7 @@ def _bind(q, k, v, o, lse, mask, sinks, *, scale, softcap, diag_offset, left, ri
         0 if sinks is None else sinks.ptr,
         *strides[0][:3], *strides[1][:3], *strides[2][:3], *strides[3][:3], *mask_strides,
         hq, hkv, sq, skv, dqk, v.shape[3], mask_kind, diag_offset, left, right, scale, softcap,
-        int(q.dtype != np.float32 and _vector_io_ok(tensors, strides)),
+        int(vector_io),
         # A bounded right edge means later query blocks see more keys: start them first.
         int(right < _UNBOUNDED),
     )
@@ -297,18 +331,21 @@ def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", wind
         o = call.output((batch, hq, sq, dv), dtype, out)
         lse = call.output((batch, hq, sq), np.float32, name="lse") if return_lse else None
         if o.size:
+            # Named, so uploads of NumPy inputs stay alive until finish() has synchronized.
+            inputs = {n: call.to_device(n) for n in ("q", "k", "v", "attn_mask", "sinks") if n in a}
+            tensors = (inputs["q"], inputs["k"], inputs["v"], o)
+            vector_io = dtype != np.float32 and _vector_io_ok(tensors, [t.element_strides for t in tensors])
             general = "attn_mask" in a or softcap > 0 or scale <= 0
-            name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv, general)
+            name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv, general,
+                                              vector_io and _runs_wgmma(call.device))
             if shared > call.device.max_shared_per_block_optin:
                 raise RuntimeError(
                     f"sdpa: {name} needs {shared} bytes of shared memory per block, "
                     f"{call.device.name} offers {call.device.max_shared_per_block_optin}"
                 )
-            # Named, so uploads of NumPy inputs stay alive until finish() has synchronized.
-            inputs = {n: call.to_device(n) for n in ("q", "k", "v", "attn_mask", "sinks") if n in a}
             params = _bind(
-                inputs["q"], inputs["k"], inputs["v"], o, lse, inputs.get("attn_mask"),
-                inputs.get("sinks"), scale=scale, softcap=float(softcap), left=left, right=right,
+                *tensors, lse, inputs.get("attn_mask"), inputs.get("sinks"), scale=scale,
+                softcap=float(softcap), left=left, right=right, vector_io=vector_io,
                 diag_offset=skv - sq if causal_align == "bottom_right" else 0,
             )
             get_kernel(name, call.device).launch(grid, block, params, call.stream, shared)

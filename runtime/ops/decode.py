@@ -5,7 +5,8 @@ paged_decode (ops/paged.py) runs the same kernel through a block table.
 The split geometry comes from the capacity, batch, heads and the SM count only, never from
 live lengths: eager and graph-replayed steps launch the same grid and give the same bits.
 `plan_decode` is the one planning function; `decode_workspace_bytes` reports its workspace so
-it can be reserved before capture.
+it can be reserved before capture. With one split (a batch and heads that fill the SMs
+by themselves) the split kernel writes o and lse directly: no combine, no workspace.
 """
 from __future__ import annotations
 
@@ -35,7 +36,6 @@ SPLIT_ALIGN = KEYS_PER_BLOCK * WARPS  # keys_per_split is a multiple: full split
 D_TILES = (64, 128, 256)  # the decode_split_<dt>_d<D> variants (float32 stops at 128)
 MAX_SQ = 16
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
-CTAS_PER_SM = 4           # grid target: about two waves of the two CTAs an SM holds
 MAX_STAGES = 4            # cu/decode.cu waits on at most 3 groups in flight
 SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): an SM holds opt-in max + this
 # Measured on the H200 (bf16, Hq32 Hkv8 D128, Sq 1, graph-replayed step, bench.py --suite decode):
@@ -54,17 +54,31 @@ SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): a
 #       B8 T8192 lengths U[1, 8192] 2.42. Open: B128's contiguous cache is slower than the same
 #       keys in shuffled pages (address pattern of 264 streams 512 KB apart?), and B1 spends
 #       about half its time outside streaming (CTA start-up, two waves, the 64-state combine).
+#   v5  one split writes o and lse itself (no combine); the grid is one wave (as many splits as
+#       keep every CTA resident, instead of ~two waves): B64 T8192 4.36 TB/s (1.02 x copy),
+#       B128 T2048 4.08 (0.95), B1 T32768 2.85, B8 T8192 3.52, B8 lengths U[1, 8192] 2.88
+#       (time 0.83 x B8 full's at 0.67 of its keys). scratch sweeps (CTAs an SM x ring depth;
+#       split / combine kernel us from CUPTI): B1 one CTA an SM 3.01 TB/s (16 splits, split
+#       39.2 + combine 3.1), two (default) 2.90 (32 splits, 40.2 + 3.7), four 2.40 (64, 47.3 +
+#       6.2); but B8 lengths U[1, 8192] the other way round: 1.50 / 2.00 / 2.29 TB/s, since a long
+#       row's few long splits then set the time. A programmatic dependent launch of the combine
+#       (sm_90) measured no gain (B1: 44.7 vs 44.4 us split start to combine end) and was dropped.
 class DecodeParams(ParamStruct):
     """Mirror of DecodeParams in cu/decode.cu (same fields, same order)."""
 
     _fields_ = [
         ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
         ("seq_lens", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
-        ("o_part", ctypes.c_void_p), ("lse_part", ctypes.c_void_p), ("fault", ctypes.c_void_p),
+        ("o_part", ctypes.c_void_p), ("lse_part", ctypes.c_void_p),
+        ("o_out", ctypes.c_void_p), ("lse_out", ctypes.c_void_p), ("sinks", ctypes.c_void_p),
+        ("fault", ctypes.c_void_p),
         ("q_stride_b", ctypes.c_int64), ("q_stride_h", ctypes.c_int64), ("q_stride_s", ctypes.c_int64),
         ("k_stride_page", ctypes.c_int64), ("k_stride_head", ctypes.c_int64), ("k_stride_tok", ctypes.c_int64),
         ("v_stride_page", ctypes.c_int64), ("v_stride_head", ctypes.c_int64), ("v_stride_tok", ctypes.c_int64),
         ("block_table_stride", ctypes.c_int64),
+        ("o_out_stride_b", ctypes.c_int64), ("o_out_stride_h", ctypes.c_int64), ("o_out_stride_s", ctypes.c_int64),
+        ("lse_out_stride_b", ctypes.c_int64), ("lse_out_stride_h", ctypes.c_int64),
+        ("lse_out_stride_s", ctypes.c_int64),
         ("hq", ctypes.c_int32), ("hkv", ctypes.c_int32), ("sq", ctypes.c_int32),
         ("dqk", ctypes.c_int32), ("dv", ctypes.c_int32), ("capacity", ctypes.c_int32),
         ("num_pages", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
@@ -121,26 +135,33 @@ def ring_depth(d_tile: int, itemsize: int, warps_m: int, max_shared: int) -> int
 
 
 def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, capacity: int, dtype,
-                sm_count: int, max_shared: int, stages: int | None = None) -> DecodePlan:
+                sm_count: int, max_shared: int, stages: int | None = None,
+                ctas_per_sm: int | None = None) -> DecodePlan:
     """Grid, split geometry, shared memory and workspace of one decode launch (validated
-    shapes). Depends on no live length. `stages` overrides the ring depth (benchmarks)."""
+    shapes). Depends on no live length. The grid is one wave: as many splits as let every
+    (batch row, kv head, row block) have its CTAs resident at once, each split at least
+    MIN_KEYS_PER_SPLIT keys. `stages` overrides the ring depth and `ctas_per_sm` the CTAs an
+    SM is taken to hold (benchmarks)."""
     dtype = np.dtype(dtype)
     d_tile = d_tile_for(dtype, dqk, dv)
     rows = hq // hkv * sq  # query rows sharing one kv head
     warps_m = 1 if rows <= 16 else 2 if rows <= 32 else 4
     row_blocks = _ceil_div(rows, 16 * warps_m)
-    ctas_per_split = batch * hkv * row_blocks
-    splits = min(_ceil_div(CTAS_PER_SM * sm_count, ctas_per_split), _ceil_div(capacity, MIN_KEYS_PER_SPLIT))
-    splits = max(splits, 1)
-    keys_per_split = _ceil_div(_ceil_div(capacity, splits), SPLIT_ALIGN) * SPLIT_ALIGN
-    splits = _ceil_div(capacity, keys_per_split)
     if stages is None:
         stages = ring_depth(d_tile, dtype.itemsize, warps_m, max_shared)
     smem = shared_bytes(d_tile, dtype.itemsize, warps_m, stages)
     if smem > max_shared:
         raise ValueError(f"decode: head dim {max(dqk, dv)} in {dtype} needs {smem} bytes of shared memory per "
                          f"block, the device allows {max_shared}")
+    if ctas_per_sm is None:
+        ctas_per_sm = (max_shared + SHARED_RESERVED_PER_CTA) // (smem + SHARED_RESERVED_PER_CTA)
+    ctas_per_split = batch * hkv * row_blocks
+    splits = max(1, min(ctas_per_sm * sm_count // ctas_per_split, _ceil_div(capacity, MIN_KEYS_PER_SPLIT)))
+    keys_per_split = _ceil_div(_ceil_div(capacity, splits), SPLIT_ALIGN) * SPLIT_ALIGN
+    splits = _ceil_div(capacity, keys_per_split)
     partials = batch * hq * sq * splits
+    # One split writes the final o and lse itself: no partials to hold.
+    workspace = WorkspaceLayout(o_part=partials * dv * 4, lse_part=partials * 4) if splits > 1 else WorkspaceLayout()
     return DecodePlan(
         kernel=f"decode_split_{ATTENTION_DTYPES[dtype]}_d{d_tile}",
         grid=(splits, hkv * row_blocks, batch),
@@ -149,7 +170,7 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
         warps_m=warps_m,
         num_splits=splits,
         keys_per_split=keys_per_split,
-        workspace=WorkspaceLayout(o_part=partials * dv * 4, lse_part=partials * 4),
+        workspace=workspace,
     )
 
 
@@ -263,22 +284,30 @@ def plan_for(call_device, q, k: CacheShape, v: CacheShape, capacity: int, stages
 
 def run_decode(op: str, call: OpCall, plan: DecodePlan, src: KvSource, options: DecodeOptions, *, out, out_lse,
                return_lse: bool, workspace: DeviceArray | None):
-    """Launch the split kernel and the combine; return what decode returns."""
+    """Launch the split kernel and, with more than one split, the combine; return what decode
+    returns."""
     q = call.to_device("q")
     batch, hq, sq, dqk = q.shape
     dv = src.v.shape[3]
     o = call.output((batch, hq, sq, dv), q.dtype, out, name="out")
     lse = call.output((batch, hq, sq), np.float32, out_lse, name="out_lse") if (return_lse or out_lse is not None) else None
     sinks = sinks_on_device(call)
+    splits = plan.num_splits
+    direct = splits == 1  # the split kernel writes o and lse itself
     with on_device(call.device):
-        base = workspace.ptr if workspace is not None else arena_for(call.device, call.stream).reserve(plan.workspace_bytes)
-        o_part, lse_part = plan.workspace.address(base, "o_part"), plan.workspace.address(base, "lse_part")
+        o_part = lse_part = None
+        if not direct:
+            base = workspace.ptr if workspace is not None else \
+                arena_for(call.device, call.stream).reserve(plan.workspace_bytes)
+            o_part, lse_part = plan.workspace.address(base, "o_part"), plan.workspace.address(base, "lse_part")
         bt = src.block_table
         params = DecodeParams(
             q.ptr, src.k.ptr, src.v.ptr, src.seq_lens.ptr, bt.ptr if bt is not None else None,
-            o_part, lse_part, fault_buffer(call.device),
+            o_part, lse_part, o.ptr if direct else None, lse.ptr if direct and lse is not None else None,
+            sinks if direct else None, fault_buffer(call.device),
             *q.element_strides[:3], *cache_strides(src.k, src.k_layout), *cache_strides(src.v, src.v_layout),
             bt.element_strides[0] if bt is not None else 0,
+            *o.element_strides[:3], *(lse.element_strides if lse is not None else (0, 0, 0)),
             hq, src.heads, sq, dqk, dv, src.capacity,
             src.num_pages, src.page_size.bit_length() - 1, plan.num_splits, plan.keys_per_split,
             plan.warps_m, plan.stages, options.window_left, options.scale, options.softcap,
@@ -286,11 +315,11 @@ def run_decode(op: str, call: OpCall, plan: DecodePlan, src: KvSource, options: 
         kernel = get_kernel(plan.kernel, call.device)
         _prefer_shared_memory(kernel)
         kernel.launch(plan.grid, (THREADS, 1, 1), params, call.stream, shared_bytes=plan.shared_bytes)
-        splits = plan.num_splits
-        launch_merge(call.device, call.stream, in_dtype=np.float32, out_dtype=q.dtype, o_in=o_part,
-                     o_in_strides=(dv, hq * sq * splits * dv, sq * splits * dv, splits * dv), lse_in=lse_part,
-                     lse_in_strides=(1, hq * sq * splits, sq * splits, splits), sinks=sinks, o_out=o,
-                     lse_out=lse, num_states=splits)
+        if not direct:
+            launch_merge(call.device, call.stream, in_dtype=np.float32, out_dtype=q.dtype, o_in=o_part,
+                         o_in_strides=(dv, hq * sq * splits * dv, sq * splits * dv, splits * dv), lse_in=lse_part,
+                         lse_in_strides=(1, hq * sq * splits, sq * splits, splits), sinks=sinks, o_out=o,
+                         lse_out=lse, num_states=splits)
     result = call.finish(o, out)
     lse_result = call.finish(lse, out_lse) if lse is not None else None
     if call.on_host:

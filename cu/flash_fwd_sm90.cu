@@ -1,0 +1,336 @@
+// Scaled dot-product attention forward on Hopper tensor cores (wgmma, sm_90a only).
+//
+// Serves the calls the plain-score mma.sync kernel of flash_fwd.cu serves (no mask, no
+// softcap, scale > 0; causal/window, sinks, GQA, LSE all apply) when Dqk = Dv = 64 or 128 and
+// the host vouched for 16-byte alignment (vector_io). Same parameters, grid and results.
+//
+// A CTA is GROUPS warpgroups over 64 * GROUPS query rows, 64 a warpgroup (wgmma's M).
+// Q, K and V tiles live in shared memory in wgmma's 128-byte-swizzle layout: a [rows][D]
+// b16 tile is D / 64 [rows][64] halves of 128-byte rows, the 16-byte chunk c of row r
+// stored at c ^ (r & 7), every half 1024-byte aligned. All threads stream the next
+// 128-key K/V tile with cp.async while the warpgroups compute on the current one:
+//   S = Q K^T   wgmma m64n128k16, A (Q) and B (K) from shared memory, both K-major
+//   online softmax on S in registers (exp2, scale folded in), O rescaled
+//   O += P V    wgmma m64nDk16, A = P rounded to the input dtype in registers (the
+//               accumulator layout of S is the A-fragment layout), B = V from shared
+//               memory, MN-major (d contiguous)
+// The accumulator layout is mma.sync's m16n8 one per warp (warp w of the group owns rows
+// 16w..16w+15; register 4j+e is n8 block j), so masking, softmax and the epilogue follow
+// flash_fwd.cu.
+#include "flash_fwd_common.cuh"
+#include "mma.cuh"
+
+namespace ptxattn {
+namespace sm90 {
+
+// One variant: head dim D (= Dqk = Dv, 64 or 128) and GROUPS warpgroups of 64 query rows.
+// Shared memory holds Q, then two stages of (K, V); its base is rounded up to 1024 bytes.
+template <int D_, int GROUPS_>
+struct Sm90Tile {
+  static constexpr int D = D_, GROUPS = GROUPS_;
+  static constexpr int THREADS = 128 * GROUPS;
+  static constexpr int ROWS = 64 * GROUPS;       // query rows a CTA
+  static constexpr int KEYS = 128;               // keys a K/V tile (wgmma N of S)
+  static constexpr int Q_HALF = ROWS * 128;      // one [ROWS][64] half of the Q tile, bytes
+  static constexpr int KV_HALF = KEYS * 128;
+  static constexpr int Q_BYTES = Q_HALF * (D / 64);
+  static constexpr int KV_BYTES = KV_HALF * (D / 64);
+  static constexpr int SHARED = Q_BYTES + 4 * KV_BYTES + 1024;
+  static_assert(D == 64 || D == 128, "head dim");
+  static_assert(SHARED <= 227 * 1024, "sm_90 opt-in shared memory per block");
+};
+
+// ---- wgmma wrappers ----------------------------------------------------------------
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride
+// byte offsets (all >> 4), swizzle mode 1 in bits 62-63.
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+  return static_cast<unsigned long long>((addr & 0x3FFFF) >> 4) |
+         (static_cast<unsigned long long>(lbo >> 4) << 16) |
+         (static_cast<unsigned long long>(sbo >> 4) << 32) | (1ull << 62);
+}
+// K-major operand (rows of 64 elements along k, 8-row groups 1024 bytes apart; the leading
+// offset is unused when one k16 step stays inside a 128-byte row).
+__device__ __forceinline__ unsigned long long k_major_desc(unsigned addr) { return sw128_desc(addr, 16, 1024); }
+// MN-major operand: 64-element atoms along n `half` bytes apart, 8-key groups along k 1024
+// bytes apart.
+__device__ __forceinline__ unsigned long long mn_major_desc(unsigned addr, unsigned half) {
+  return sw128_desc(addr, half, 1024);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Pins an accumulator array after a wait: the compiler may not move its reads above it.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Shared memory written through the generic proxy (cp.async) before wgmma reads it.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// Accumulator operands of m64n128 (64 fp32 a thread) and m64n64 (32) wgmma.
+#define PTXATTN_REGS64 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define PTXATTN_OUTS64 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+  "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+  "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+  "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+  "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
+  "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
+  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
+  "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
+  "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define PTXATTN_REGS32 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define PTXATTN_OUTS32 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+  "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+  "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+  "+f"(d[30]), "+f"(d[31])
+
+// d (m64 x n128, fp32) = (accumulate ? d : 0) + A (smem, K-major) * B (smem, K-major).
+#define PTXATTN_WGMMA_SS(TYPE)                                                         \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                            \
+               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "         \
+               PTXATTN_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                        \
+               : PTXATTN_OUTS64                                                        \
+               : "l"(a_desc), "l"(b_desc), "r"(accumulate))
+template <class T>
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], unsigned long long a_desc,
+                                         unsigned long long b_desc, int accumulate) {
+  if constexpr (is_bf16<T>) {
+    PTXATTN_WGMMA_SS("bf16");
+  } else {
+    PTXATTN_WGMMA_SS("f16");
+  }
+}
+
+// d (m64 x nN, fp32) += A (registers, mma.sync's A-fragment layout) * B (smem, MN-major),
+// N = 2 * (registers of d); A is operands a0..a3, B's descriptor the next one.
+#define PTXATTN_WGMMA_RS(N, TYPE, REGS, OUTS, OPERANDS)                                    \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " REGS      \
+               ", " OPERANDS ", p, 1, 1, 1;\n}\n"                                            \
+               : OUTS                                                                        \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc))
+template <class T, int R>
+__device__ __forceinline__ void wgmma_rs(float (&d)[R], const unsigned (&a)[4], unsigned long long b_desc) {
+  static_assert(R == 64 || R == 32, "m64n128 or m64n64");
+  if constexpr (R == 64 && is_bf16<T>) {
+    PTXATTN_WGMMA_RS(128, "bf16", PTXATTN_REGS64, PTXATTN_OUTS64, "{%64, %65, %66, %67}, %68");
+  } else if constexpr (R == 64) {
+    PTXATTN_WGMMA_RS(128, "f16", PTXATTN_REGS64, PTXATTN_OUTS64, "{%64, %65, %66, %67}, %68");
+  } else if constexpr (is_bf16<T>) {
+    PTXATTN_WGMMA_RS(64, "bf16", PTXATTN_REGS32, PTXATTN_OUTS32, "{%32, %33, %34, %35}, %36");
+  } else {
+    PTXATTN_WGMMA_RS(64, "f16", PTXATTN_REGS32, PTXATTN_OUTS32, "{%32, %33, %34, %35}, %36");
+  }
+}
+
+// ---- tile loads ------------------------------------------------------------------------
+// A [ROWS][D] tile whose row r starts at g + r * row_stride into the swizzled layout at
+// shared address dst (halves ROWS * 128 bytes apart); rows >= rows_valid become zeros (so
+// padding cannot inject NaN). Thread t copies chunk t % (D / 8) of rows t / (D / 8) + k *
+// step: its addresses advance by constants.
+template <class T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long row_stride, int rows_valid) {
+  constexpr int kChunksPerRow = D / 8, kStep = THREADS / kChunksPerRow;
+  constexpr int kIters = (ROWS + kStep - 1) / kStep;
+  const int tid = threadIdx.x, r0 = tid / kChunksPerRow, c = tid % kChunksPerRow;
+  const unsigned d0 = dst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
+  const T* src = g + r0 * row_stride + c * 8;
+  static_assert(kStep % 8 == 0, "a thread's rows keep one swizzle phase");
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int r = r0 + i * kStep;
+    if (ROWS % kStep != 0 && r >= ROWS) break;
+    const bool read = r < rows_valid;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0 + i * kStep * 128),
+                 "l"(read ? src + i * kStep * row_stride : g), "r"(read ? 16 : 0));
+  }
+}
+
+extern __shared__ __align__(1024) unsigned char smem[];
+
+template <class T, class Tile>
+__device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
+  constexpr int D = Tile::D, ROWS = Tile::ROWS, KEYS = Tile::KEYS, THREADS = Tile::THREADS;
+  constexpr int O_REGS = D / 2;  // fp32 accumulators of O a thread
+  const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
+  const unsigned q_addr = base;
+  auto k_addr = [&](int stage) { return base + Tile::Q_BYTES + 2 * stage * Tile::KV_BYTES; };
+  auto v_addr = [&](int stage) { return k_addr(stage) + Tile::KV_BYTES; };
+
+  const int tid = threadIdx.x, group = tid >> 7, lane = tid & 31, warp_in_group = (tid >> 5) & 3;
+  const int num_blocks = (p.seq_q + ROWS - 1) / ROWS;
+  const int m0 = (p.heavy_first ? num_blocks - 1 - int(blockIdx.x) : int(blockIdx.x)) * ROWS;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (p.heads_q / p.heads_kv);
+  const KeyWindow win{p.diag_offset, p.window_left, p.window_right};
+
+  int tile_begin, tile_end;
+  key_tile_range<KEYS>(p, win, m0, min(m0 + ROWS, p.seq_q) - 1, tile_begin, tile_end);
+
+  const T* gk = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
+  const T* gv = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
+  auto load_kv = [&](int stage, int tile) {
+    const int n0 = tile * KEYS;
+    load_tile<T, KEYS, D, THREADS>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, p.seq_kv - n0);
+    load_tile<T, KEYS, D, THREADS>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, p.seq_kv - n0);
+  };
+
+  // This thread's rows: my_row and my_row + 8 (accumulator registers 4j + {0,1} / {2,3}).
+  const int group_row0 = m0 + group * 64;
+  const int my_row = group_row0 + warp_in_group * 16 + (lane >> 2);
+  float o[O_REGS];
+#pragma unroll
+  for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
+  float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+  const float mul = p.scale * kLog2e;
+
+  if (tile_begin < tile_end) {
+    const T* gq = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
+                  m0 * p.q_seq_stride;
+    load_tile<T, ROWS, D, THREADS>(q_addr, gq, p.q_seq_stride, p.seq_q - m0);
+    load_kv(0, tile_begin);
+    cp_async_commit();
+
+    // This warpgroup's 64 rows of Q: rows 64 * group of each half.
+    const unsigned q_group = q_addr + group * 64 * 128;
+    for (int t = tile_begin; t < tile_end; ++t) {
+      const int stage = (t - tile_begin) & 1;
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();  // tile t landed for everyone; tile t - 1's stage is free to refill
+      if (t + 1 < tile_end) load_kv(stage ^ 1, t + 1);
+      cp_async_commit();
+
+      // S = Q K^T: D / 16 k16 steps, 4 in each half (32 bytes a step inside a row).
+      float s[64];
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        const unsigned step = (ks & 3) * 32, half = ks >> 2;
+        wgmma_ss<T>(s, k_major_desc(q_group + half * Tile::Q_HALF + step),
+                    k_major_desc(k_addr(stage) + half * Tile::KV_HALF + step), ks > 0);
+      }
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_registers(s);
+
+      // Keys outside a row's causal/window range or past Skv, on the tiles that have any.
+      const int n0 = t * KEYS;
+      if (n0 + KEYS > p.seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
+          n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
+        const int col0 = n0 + 2 * (lane & 3);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int row = my_row + 8 * r;
+          const int lo = clamp_to_tile<KEYS>(first_visible_key(win, row) - col0);
+          const int hi = clamp_to_tile<KEYS>(min(last_visible_key(win, row), (long long)p.seq_kv - 1) - col0);
+#pragma unroll
+          for (int j = 0; j < KEYS / 8; ++j)
+#pragma unroll
+            for (int c = 0; c < 2; ++c)
+              if (j * 8 + c < lo || j * 8 + c > hi) s[4 * j + 2 * r + c] = neg_inf();
+        }
+      }
+
+      // Online softmax; each row is spread over the 4 lanes of a quad.
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = neg_inf();
+#pragma unroll
+        for (int j = 0; j < KEYS / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        mx = fmaxf(row_max[r], mx * mul);
+        const float sub = exp_subtrahend(mx);
+        const float alpha = exp2_ftz(row_max[r] - sub);
+        row_max[r] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int j = 0; j < KEYS / 8; ++j) {
+          s[4 * j + 2 * r] = exp2_ftz(fmaf(s[4 * j + 2 * r], mul, -sub));
+          s[4 * j + 2 * r + 1] = exp2_ftz(fmaf(s[4 * j + 2 * r + 1], mul, -sub));
+          sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+        }
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+          o[4 * j + 2 * r] *= alpha;
+          o[4 * j + 2 * r + 1] *= alpha;
+        }
+        row_sum[r] = row_sum[r] * alpha + sum;
+      }
+
+      // O += P V: keys 16 kk .. 16 kk + 15 are n8 blocks 2 kk and 2 kk + 1 of S. Every
+      // A fragment is packed before the first wgmma, so one fence covers them all.
+      unsigned pa[KEYS / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < KEYS / 16; ++kk) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<T>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
+      }
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < KEYS / 16; ++kk)
+        wgmma_rs<T>(o, pa[kk], mn_major_desc(v_addr(stage) + kk * 16 * 128, Tile::KV_HALF));
+      wgmma_commit();
+      wgmma_wait_all();
+      fence_registers(o);
+    }
+  }
+
+  // Finish: quad-reduce the row sums (fixed xor order), normalise, store.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = my_row + 8 * r;
+    if (row >= p.seq_q) continue;
+    const RowResult res = finish_row(p, h, row_max[r], sum);
+    T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + row * p.o_seq_stride;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
+      const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
+      *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
+    }
+    if (p.lse != nullptr && (lane & 3) == 0)
+      p.lse[(static_cast<long long>(b) * p.heads_q + h) * p.seq_q + row] = res.lse;
+  }
+}
+
+}  // namespace sm90
+}  // namespace ptxattn
+
+// ---- entry points (mirrored by runtime/ops/attention.py _SM90_TILES) ---------------------
+#define FLASH_FWD_SM90(NAME, T, D, GROUPS)                                              \
+  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1) \
+      NAME(const ptxattn::FlashFwdParams p) {                                          \
+    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>>(p);          \
+  }
+#define FLASH_FWD_SM90_DTYPES(D, GROUPS)                                       \
+  FLASH_FWD_SM90(flash_fwd_sm90_bf16_d##D, __nv_bfloat16, D, GROUPS) \
+  FLASH_FWD_SM90(flash_fwd_sm90_f16_d##D, __half, D, GROUPS)
+
+// Three warpgroups: while one runs its softmax the others keep the tensor cores busy.
+// scripts/sdpa_tune.py on the H200 (bf16, kernels launched directly, one run), TFLOP/s with
+// 2 / 3 warpgroups and FA2 in the same run: B4 H32 S4096 D128 410 / 456 (357), causal
+// 377 / 407 (324), B2 Hq32 Hkv8 S8192 causal 402 / 459 (338), B1 Hq32 Hkv8 S16384 causal
+// 428 / 473 (343), B8 H16 S2048 D64 310 / 356 (291). ptxas: 168 registers, no spills.
+#ifndef PTXATTN_SM90_TABLE  // scripts/sdpa_tune.py compiles its own candidates instead
+FLASH_FWD_SM90_DTYPES(64, 3)
+FLASH_FWD_SM90_DTYPES(128, 3)
+#endif
