@@ -13,9 +13,10 @@
 // runtime/reference.py); a row with no key at all gives o = 0, lse = -inf.
 //
 // merge_<in>_<out>: one 128-thread CTA per (b, h, s) row (1-D grid of rows). Every warp finds
-// the row's lse over all states; then warp w sums states w, w + 4, ... (lanes own 4 consecutive
-// d each, several states' loads in flight), and the four warp sums are added in warp order
-// through shared memory. Many states (a long single-sequence split-KV) stay cheap.
+// the row's lse over all states; warp w sums states w, w + 4, ... (lanes own 4 consecutive d
+// each; its first 8 states' loads issued together with the lse pass's), and the four warp sums
+// are added in warp order through shared memory. Many states (a long single-sequence
+// split-KV) stay cheap.
 #include "attention_common.cuh"
 
 namespace ptxattn {
@@ -36,7 +37,8 @@ struct MergeParams {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kVec = 4;  // consecutive d per lane
+constexpr int kVec = 4;    // consecutive d per lane
+constexpr int kAhead = 8;  // states a warp loads at once
 
 // The same value in every lane: reduce down to lane 0, then broadcast.
 __device__ __forceinline__ float warp_max(float x) {
@@ -71,27 +73,10 @@ __device__ __forceinline__ void merge_row(const MergeParams& p) {
   const float* lse_in = p.lse_in + b * p.lse_in_stride_b + h * p.lse_in_stride_h + s * p.lse_in_stride_s;
   const TIn* o_in = static_cast<const TIn*>(p.o_in) + b * p.o_in_stride_b + h * p.o_in_stride_h + s * p.o_in_stride_s;
 
-  // The row's lse: an online (max, sum) over each lane's states, then across the lanes.
-  float m = neg_inf(), sum = 0.f;
-  for (int i = lane; i < p.num_states; i += 32) {
-    const float x = lse_in[i * p.lse_in_stride_state];
-    if (x > m) {
-      sum = (m == neg_inf() ? 0.f : sum * expf(m - x)) + 1.f;
-      m = x;
-    } else if (x != neg_inf()) {
-      sum += expf(x - m);
-    }
-  }
-  const float m_all = warp_max(m);
-  sum = warp_sum(m == neg_inf() ? 0.f : sum * expf(m - m_all));
-  const float lse = sum > 0.f ? m_all + logf(sum) : neg_inf();
-  float out_scale = lse == neg_inf() ? 0.f : 1.f;
-  if (p.sinks != nullptr && lse != neg_inf()) out_scale = 1.f / (1.f + expf(p.sinks[h] - lse));
-
   TOut* o_out = static_cast<TOut*>(p.o_out) + b * p.o_out_stride_b + h * p.o_out_stride_h + s * p.o_out_stride_s;
-  for (int d0 = 0; d0 < p.dim; d0 += 32 * kVec) {
+  float lse = 0.f, out_scale = 0.f;
+  for (int d0 = 0; d0 < max(p.dim, 1); d0 += 32 * kVec) {  // once even for dim 0: the lse
     const int d = d0 + lane * kVec;
-    // This warp's states in order w, w + 4, ...; four loaded ahead of their use.
     auto load = [&](int i) {
       StateSlice x;
       x.lse = lse_in[i * p.lse_in_stride_state];
@@ -99,16 +84,37 @@ __device__ __forceinline__ void merge_row(const MergeParams& p) {
       for (int v = 0; v < kVec; ++v) x.o[v] = d + v < p.dim ? to_float(o_in[i * p.o_in_stride_state + d + v]) : 0.f;
       return x;
     };
+    // This warp's states are w, w + 4, ..., taken kAhead at a time with their loads issued
+    // together; the first round's go out before the row's lse (they do not depend on it), so
+    // one memory round trip serves a combine of up to kAhead * kWarps states.
     float acc[kVec] = {};
-    int i = warp;
-    for (; i + 3 * kWarps < p.num_states; i += 4 * kWarps) {
-      const StateSlice x0 = load(i), x1 = load(i + kWarps), x2 = load(i + 2 * kWarps), x3 = load(i + 3 * kWarps);
-      accumulate(acc, x0, lse);
-      accumulate(acc, x1, lse);
-      accumulate(acc, x2, lse);
-      accumulate(acc, x3, lse);
+    for (int first = warp; first < max(p.num_states, 1); first += kAhead * kWarps) {
+      StateSlice ahead[kAhead];
+#pragma unroll
+      for (int k = 0; k < kAhead; ++k)
+        if (first + k * kWarps < p.num_states) ahead[k] = load(first + k * kWarps);
+      if (d0 == 0 && first == warp) {
+        // The row's lse: an online (max, sum) over each lane's states, then across the lanes.
+        float m = neg_inf(), sum = 0.f;
+        for (int i = lane; i < p.num_states; i += 32) {
+          const float x = lse_in[i * p.lse_in_stride_state];
+          if (x > m) {
+            sum = (m == neg_inf() ? 0.f : sum * expf(m - x)) + 1.f;
+            m = x;
+          } else if (x != neg_inf()) {
+            sum += expf(x - m);
+          }
+        }
+        const float m_all = warp_max(m);
+        sum = warp_sum(m == neg_inf() ? 0.f : sum * expf(m - m_all));
+        lse = sum > 0.f ? m_all + logf(sum) : neg_inf();
+        out_scale = lse == neg_inf() ? 0.f : 1.f;
+        if (p.sinks != nullptr && lse != neg_inf()) out_scale = 1.f / (1.f + expf(p.sinks[h] - lse));
+      }
+#pragma unroll
+      for (int k = 0; k < kAhead; ++k)
+        if (first + k * kWarps < p.num_states) accumulate(acc, ahead[k], lse);
     }
-    for (; i < p.num_states; i += kWarps) accumulate(acc, load(i), lse);
 #pragma unroll
     for (int v = 0; v < kVec; ++v) warp_part[warp][lane * kVec + v] = acc[v];
     __syncthreads();
