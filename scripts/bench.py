@@ -31,17 +31,18 @@ def print_table(suite: str, rows: list[dict]) -> None:
         print("  ".join(fmt(row.get(c)).ljust(widths[c]) for c in columns))
 
 
-def plot(results: dict, path: Path) -> None:
+def plot(results: dict, path: Path) -> bool:
+    """A bar chart per charted suite into `path`; False when there is none to draw."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("(matplotlib not installed: no chart)")
-        return
+        return False
     charted = {s: rows for s, rows in results.items() if rows and "chart" in rows[0]}
     if not charted:
-        return
+        return False
     fig, axes = plt.subplots(len(charted), 1, figsize=(11, 3.6 * len(charted)), squeeze=False)
     for ax, (suite, rows) in zip(axes[:, 0], charted.items()):
         unit = rows[0]["chart"]["unit"]
@@ -57,6 +58,7 @@ def plot(results: dict, path: Path) -> None:
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def main() -> int:
@@ -72,8 +74,8 @@ def main() -> int:
         results[suite] = rows
         print_table(suite, [{k: v for k, v in r.items() if k != "chart"} for r in rows])
     (args.out / "bench.json").write_text(json.dumps(results, indent=2, default=str))
-    plot(results, args.out / "bench.png")
-    print(f"\nwrote {args.out / 'bench.json'} and {args.out / 'bench.png'}")
+    charted = plot(results, args.out / "bench.png")
+    print(f"\nwrote {args.out / 'bench.json'}" + (f" and {args.out / 'bench.png'}" if charted else ""))
     return 0
 
 

@@ -18,6 +18,15 @@ def torch_or_none():
     return torch if torch.cuda.is_available() else None
 
 
+def suite_torch(suite: str):
+    """torch with CUDA for a suite (its inputs, timing and comparisons), or None after saying
+    the suite is skipped."""
+    torch = torch_or_none()
+    if torch is None:
+        print(f"{suite}: needs torch with CUDA (inputs, timing, comparisons); skipped")
+    return torch
+
+
 def time_ms(fn, *, warmup: int = 5, repeat: int = 30, rotate: int = 1, batch: int = 4) -> float:
     """Device milliseconds per call of `fn(i)`: the median over `repeat` samples, each a
     CUDA-event pair around max(rotate, batch) back-to-back calls. `fn` receives the call

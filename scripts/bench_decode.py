@@ -12,7 +12,7 @@ just before it): when time scales with live tokens, not capacity, the two are ab
 """
 from __future__ import annotations
 
-from bench_common import copy_bandwidth_tbs, rotation_count, time_ms, torch_or_none, torch_sdpa_backends, try_time
+from bench_common import copy_bandwidth_tbs, rotation_count, time_ms, suite_torch, torch_sdpa_backends, try_time
 
 HQ, HKV, D = 32, 8, 128
 # (B, capacity, lengths): "full" = every row at capacity, "uniform" = drawn in [1, capacity]
@@ -37,9 +37,8 @@ def _paged(torch, k, v, page_size: int, gen):
 
 
 def run(args) -> list[dict]:
-    torch = torch_or_none()
+    torch = suite_torch("decode suite")
     if torch is None:
-        print("bench_decode: needs torch with CUDA (inputs and the comparison backends)")
         return []
     import ptxattn
 

@@ -7,7 +7,7 @@ fast but wrong kernel cannot hide in the table.
 """
 from __future__ import annotations
 
-from bench_common import host_ms, rotation_count, torch_or_none, torch_sdpa_backends, try_time
+from bench_common import host_ms, rotation_count, suite_torch, torch_sdpa_backends, try_time
 
 # (B, Hq, Hkv, S, D, causal): the shapes issue 3 sets its speed goal on.
 SHAPES = [
@@ -25,9 +25,8 @@ def _shape_name(b, hq, hkv, s, d, causal) -> str:
 
 
 def run(args) -> list[dict]:
-    torch = torch_or_none()
+    torch = suite_torch("prefill suite")
     if torch is None:
-        print("bench_prefill: needs torch with CUDA (inputs and the comparison backends)")
         return []
     import ptxattn
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ptxattn
 from ptxattn.ops.softmax import plan
 
-from bench_common import copy_bandwidth_tbs, rotation_count, time_ms, torch_or_none
+from bench_common import copy_bandwidth_tbs, rotation_count, time_ms, suite_torch
 
 # (shape, axis, dtype name): the row kernel with rows in a warp, rows in a CTA, the looped
 # rows, and the column kernel.
@@ -19,9 +19,8 @@ SHAPES = [
 
 
 def run(args) -> list[dict]:
-    torch = torch_or_none()
+    torch = suite_torch("softmax suite")
     if torch is None:
-        print("softmax suite: needs torch with CUDA for inputs and timing; skipped")
         return []
     stream = torch.cuda.current_stream().cuda_stream
     copy_tbs = copy_bandwidth_tbs()

@@ -1,5 +1,5 @@
-"""A softmax captured into a CUDA graph replays with new input contents, bitwise equal to
-the eager call."""
+"""Ops captured into CUDA graphs: a softmax replays with new input contents, bitwise equal to
+the eager call; what capture must refuse; the README's decode loop."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,15 +7,21 @@ import pytest
 
 import ptxattn
 from ptxattn import reference
-from ptxattn.context import on_device
 
 pytestmark = pytest.mark.gpu
 
 
-def test_softmax_graph_capture_and_replay(rng):
-    dev = ptxattn.get_device(0)
-    with on_device(dev):
-        stream = ptxattn.Stream.create()
+@pytest.fixture
+def dev():
+    return ptxattn.get_device(0)
+
+
+@pytest.fixture
+def stream(dev):
+    return ptxattn.Stream.create(device=dev)
+
+
+def test_softmax_graph_capture_and_replay(rng, dev, stream):
     x = ptxattn.asarray(rng.standard_normal((37, 3000)).astype(np.float32), stream)
     y = ptxattn.empty(x.shape, np.float32, dev)
     ptxattn.softmax(x, out=y, stream=stream)  # load the module before capturing
@@ -32,10 +38,7 @@ def test_softmax_graph_capture_and_replay(rng):
         assert np.array_equal(replayed.view(np.uint32), eager.view(np.uint32))
 
 
-def test_numpy_inputs_refused_while_capturing(rng):
-    dev = ptxattn.get_device(0)
-    with on_device(dev):
-        stream = ptxattn.Stream.create()
+def test_numpy_inputs_refused_while_capturing(rng, dev, stream):
     ptxattn.softmax(np.ones((2, 2), np.float32))
     with pytest.raises(RuntimeError, match="NumPy inputs but the stream is capturing") as info:
         with ptxattn.capture(stream, dev):
@@ -43,20 +46,14 @@ def test_numpy_inputs_refused_while_capturing(rng):
     assert not isinstance(info.value, ptxattn.CudaError)  # refused before any allocation
 
 
-def test_allocating_output_refused_while_capturing(rng):
-    dev = ptxattn.get_device(0)
-    with on_device(dev):
-        stream = ptxattn.Stream.create()
+def test_allocating_output_refused_while_capturing(rng, dev, stream):
     x = ptxattn.asarray(rng.standard_normal((4, 8)).astype(np.float32), stream)
     with pytest.raises(ptxattn.CaptureAllocationError, match=r"would allocate its out \(128 bytes\)"):
         with ptxattn.capture(stream, dev):
             ptxattn.softmax(x, stream=stream)
 
 
-def test_objects_collected_during_capture_are_released_after_it(rng):
-    dev = ptxattn.get_device(0)
-    with on_device(dev):
-        stream = ptxattn.Stream.create()
+def test_objects_collected_during_capture_are_released_after_it(rng, dev, stream):
     x = ptxattn.asarray(rng.standard_normal((8, 64)).astype(np.float32), stream)
     y = ptxattn.empty(x.shape, np.float32, dev)
     ptxattn.softmax(x, out=y, stream=stream)
