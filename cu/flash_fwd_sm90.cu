@@ -2,7 +2,8 @@
 //
 // Serves the calls the plain-score mma.sync kernel of flash_fwd.cu serves (no mask, no
 // softcap, scale > 0; causal/window, sinks, GQA, LSE all apply) when Dqk = Dv = 64 or 128 and
-// the host vouched for 16-byte alignment (vector_io). Same parameters, grid and results.
+// the host vouched for 16-byte alignment (vector_io). Same parameters and semantics; its
+// query blocks are 64 * GROUPS rows (grid x), and the summation order differs from mma.sync's.
 //
 // A CTA is GROUPS warpgroups over 64 * GROUPS query rows, 64 a warpgroup (wgmma's M).
 // Q, K and V tiles live in shared memory in wgmma's 128-byte-swizzle layout: a [rows][D]
