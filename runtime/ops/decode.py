@@ -57,7 +57,7 @@ SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): a
 #   v5  one split writes o and lse itself (no combine); the grid is one wave (as many splits as
 #       keep every CTA resident, instead of ~two waves): B64 T8192 4.36 TB/s (1.02 x copy),
 #       B128 T2048 4.08 (0.95), B1 T32768 2.85, B8 T8192 3.52, B8 lengths U[1, 8192] 2.88
-#       (time 0.83 x B8 full's at 0.67 of its keys). scratch sweeps (CTAs an SM x ring depth;
+#       (time 0.83 x B8 full's at 0.67 of its keys). scripts/decode_sweep.py (CTAs an SM x ring depth;
 #       split / combine kernel us from CUPTI): B1 one CTA an SM 3.01 TB/s (16 splits, split
 #       39.2 + combine 3.1), two (default) 2.90 (32 splits, 40.2 + 3.7), four 2.40 (64, 47.3 +
 #       6.2); but B8 lengths U[1, 8192] the other way round: 1.50 / 2.00 / 2.29 TB/s, since a long
