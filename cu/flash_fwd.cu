@@ -313,12 +313,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       for (int kk = 0; kk < BC / 16; ++kk) {
         unsigned pa[MT][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; ++mt) {
-          pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-          pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-          pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-          pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-        }
+        for (int mt = 0; mt < MT; ++mt) scores_as_a_operand<T>(s[mt][2 * kk], pa[mt]);
 #pragma unroll
         for (int dp = 0; dp < DV / 16; ++dp) {
           unsigned vb[4];

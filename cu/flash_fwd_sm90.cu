@@ -278,10 +278,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       // A fragment is packed before the first wgmma, so one fence covers them all.
       unsigned pa[KEYS / 16][4];
 #pragma unroll
-      for (int kk = 0; kk < KEYS / 16; ++kk) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) pa[kk][e] = pack2<T>(s[8 * kk + 2 * e], s[8 * kk + 2 * e + 1]);
-      }
+      for (int kk = 0; kk < KEYS / 16; ++kk) scores_as_a_operand<T>(s + 8 * kk, pa[kk]);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < KEYS / 16; ++kk)

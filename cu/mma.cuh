@@ -75,6 +75,15 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
   }
 }
 
+// The A fragment (m16 x k16) of P from scores in the accumulator layout of two n8 tiles:
+// s points at 8 consecutive floats, tile 0's four values then tile 1's. That layout is the
+// A layout of one k16 step, so P feeds P V straight from registers.
+template <class T>
+__device__ __forceinline__ void scores_as_a_operand(const float* s, unsigned (&a)[4]) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) a[e] = pack2<T>(s[2 * e], s[2 * e + 1]);
+}
+
 // exp2 without denormal handling: results below 2^-126 flush to 0.
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;

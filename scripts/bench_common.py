@@ -10,20 +10,16 @@ import statistics
 import time
 
 
-def torch_or_none():
-    try:
-        import torch
-    except ImportError:
-        return None
-    return torch if torch.cuda.is_available() else None
-
-
 def suite_torch(suite: str):
     """torch with CUDA for a suite (its inputs, timing and comparisons), or None after saying
     the suite is skipped."""
-    torch = torch_or_none()
-    if torch is None:
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not torch.cuda.is_available():
         print(f"{suite}: needs torch with CUDA (inputs, timing, comparisons); skipped")
+        return None
     return torch
 
 

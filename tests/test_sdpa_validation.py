@@ -105,8 +105,8 @@ def test_bind_packs_every_field_in_order():
                    896, 224, 32, 1280, 160, 32, 0, 0, 7, 1, 8, 4, 5, 7, 64, 32, 1, 2, 3, 0,
                    0.5, 2.0, 1, 1]
     misaligned_o = Fake(8200, o.shape, o.element_strides)
-    assert attention._vector_io_ok((q, k, v, o), [t.element_strides for t in (q, k, v, o)])
-    assert not attention._vector_io_ok((q, k, v, misaligned_o), [t.element_strides for t in (q, k, v, o)])
+    assert attention._vector_io_ok((q, k, v, o))
+    assert not attention._vector_io_ok((q, k, v, misaligned_o))
     bare = attention._bind(q, k, v, misaligned_o, None, None, None, scale=1.0, softcap=0.0, diag_offset=0,
                            left=5, right=attention._UNBOUNDED, vector_io=False)
     assert (bare.lse, bare.mask, bare.sinks, bare.mask_kind) == (None, None, None, 0)

@@ -260,12 +260,12 @@ def _runs_wgmma(device) -> bool:
     return loaded_arch(device, "flash_fwd_sm90") is not None
 
 
-def _vector_io_ok(arrays, strides) -> bool:
+def _vector_io_ok(arrays) -> bool:
     """16-byte cp.async/stores are safe: bases aligned and every row start on 8 elements."""
-    for arr, arr_strides in zip(arrays, strides):
+    for arr in arrays:
         if arr.ptr % 16:
             return False
-        for n, stride in zip(arr.shape[:3], arr_strides[:3]):
+        for n, stride in zip(arr.shape[:3], arr.element_strides[:3]):
             if n > 1 and stride % 8:
                 return False
     return True
@@ -334,7 +334,7 @@ def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", wind
             # Named, so uploads of NumPy inputs stay alive until finish() has synchronized.
             inputs = {n: call.to_device(n) for n in ("q", "k", "v", "attn_mask", "sinks") if n in a}
             tensors = (inputs["q"], inputs["k"], inputs["v"], o)
-            vector_io = dtype != np.float32 and _vector_io_ok(tensors, [t.element_strides for t in tensors])
+            vector_io = dtype != np.float32 and _vector_io_ok(tensors)
             general = "attn_mask" in a or softcap > 0 or scale <= 0
             name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv, general,
                                               vector_io and _runs_wgmma(call.device))
