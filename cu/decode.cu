@@ -479,26 +479,53 @@ __device__ __forceinline__ void cp_async_wait_pending(int pending) {
   else cp_async_wait<0>();
 }
 
-// Element d of row gr's result over this split (o normalised by the split's own sum): its
-// partial, or with one split the final output, scaled for the sink exactly as merge.cu scales
-// its combine (whose lse and weight for one state are exactly this lse and 1: same values).
+// Four consecutive elements of an output row, times `scale`, rounded to T: one 16- or 8-byte
+// store when dst is aligned for it (a caller's out may have odd row strides), else four.
 template <class T>
-__device__ __forceinline__ void store_result(const DecodeParams& p, int b, int kvh, int gr, int split, int d,
-                                             float o, float lse) {
+__device__ __forceinline__ void store4(T* dst, float4 v, float scale) {
+  v.x *= scale, v.y *= scale, v.z *= scale, v.w *= scale;
+  const unsigned long long address = reinterpret_cast<unsigned long long>(dst);
+  if constexpr (sizeof(T) == 4) {
+    if (address % 16 == 0) {
+      *reinterpret_cast<float4*>(dst) = v;
+      return;
+    }
+  } else {
+    if (address % 8 == 0) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(v.x, v.y), pack2<T>(v.z, v.w));
+      return;
+    }
+  }
+  dst[0] = from_float<T>(v.x), dst[1] = from_float<T>(v.y), dst[2] = from_float<T>(v.z), dst[3] = from_float<T>(v.w);
+}
+
+// Row gr's result over this split, written by one warp: lane l stores elements 4 l .. 4 l + 3
+// (then + 128 ...) from o4(d), the float4 of elements d .. d + 3 of o normalised by the
+// split's own sum (Dv is a multiple of 4). With one split this is the final output, scaled
+// for the sink exactly as merge.cu scales its combine (whose lse and weight for one state are
+// exactly this lse and 1: same values); else it is the split's partial.
+template <class T, class RowValues>
+__device__ __forceinline__ void store_row(const DecodeParams& p, int b, int kvh, int gr, int split, float lse,
+                                          int lane, const RowValues& o4) {
   const int head = kvh * (p.hq / p.hkv) + gr / p.sq, t = gr % p.sq;
   if (p.o_out != nullptr) {
     float out_scale = lse == neg_inf() ? 0.f : 1.f;
     if (p.sinks != nullptr && lse != neg_inf()) out_scale = 1.f / (1.f + expf(p.sinks[head] - lse));
-    const long long row = b * p.o_out_stride_b + head * p.o_out_stride_h + t * p.o_out_stride_s;
-    static_cast<T*>(p.o_out)[row + d] = from_float<T>(o * out_scale);
-    if (d == 0 && p.lse_out != nullptr)
+    T* row = static_cast<T*>(p.o_out) + b * p.o_out_stride_b + head * p.o_out_stride_h + t * p.o_out_stride_s;
+    for (int d = 4 * lane; d < p.dv; d += 128) store4<T>(row + d, o4(d), out_scale);
+    if (lane == 0 && p.lse_out != nullptr)
       p.lse_out[b * p.lse_out_stride_b + head * p.lse_out_stride_h + t * p.lse_out_stride_s] = lse;
     return;
   }
   const long long part = ((static_cast<long long>(b) * p.hq + head) * p.sq + t) * p.num_splits + split;
-  p.o_part[part * p.dv + d] = o;
-  if (d == 0) p.lse_part[part] = lse;
+  for (int d = 4 * lane; d < p.dv; d += 128) *reinterpret_cast<float4*>(p.o_part + part * p.dv + d) = o4(d);
+  if (lane == 0) p.lse_part[part] = lse;
 }
+
+// Floats between two rows of a warp's o in the end-of-CTA merge: the padding spreads the
+// float2 stores of rows g = 0..3 over all 32 banks.
+template <int D_TILE>
+constexpr int kPartStride = D_TILE + 8;
 
 template <class T, int D_TILE>
 __device__ __forceinline__ void decode_split(const DecodeParams& p) {
@@ -531,10 +558,8 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   const long long first_key = max(first_visible_key(window, 0), (long long)split_begin);
   const int begin = split_begin + int((first_key - split_begin) / kBlockKeys) * kBlockKeys;
   if (key_end <= begin) {  // no live key: the neutral partial, at once
-    for (int i = threadIdx.x; i < cta_rows * p.dv; i += kThreads) {
-      const int gr = row0 + i / p.dv;
-      if (gr < group_rows) store_result<T>(p, b, kvh, gr, split, i % p.dv, 0.f, neg_inf());
-    }
+    for (int rr = warp; rr < cta_rows && row0 + rr < group_rows; rr += kWarps)
+      store_row<T>(p, b, kvh, row0 + rr, split, neg_inf(), ln.lane, [](int) { return make_float4(0.f, 0.f, 0.f, 0.f); });
     return;
   }
 
@@ -610,18 +635,21 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
     st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
   }
 
-  // Merge the groups' warps of each m-tile in shared memory, in warp order.
+  // Merge the groups' warps of each m-tile in shared memory, in warp order: one warp a row.
   __syncthreads();  // every warp is done with the rings
+  constexpr int kStride = kPartStride<D_TILE>;
   float* stat_m = reinterpret_cast<float*>(smem);
   float* stat_l = stat_m + kWarps * 16;
-  float* part_o = stat_l + kWarps * 16;  // [warp][16 rows][D_TILE]
+  float* part_o = stat_l + kWarps * 16;  // [warp][16 rows][kStride]
   {
-    float* my_o = part_o + warp * 16 * D_TILE;
+    float* my_o = part_o + warp * 16 * kStride;
 #pragma unroll
     for (int n = 0; n < D_TILE / 8; ++n) {
       if (n * 8 < p.dv) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) my_o[(ln.g + 8 * (i >> 1)) * D_TILE + n * 8 + 2 * ln.t + (i & 1)] = st.o[n][i];
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(my_o + (ln.g + 8 * h) * kStride + n * 8 + 2 * ln.t) =
+              make_float2(st.o[n][2 * h], st.o[n][2 * h + 1]);
       }
     }
     if (ln.t == 0) {
@@ -634,21 +662,34 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   }
   __syncthreads();
 
-  for (int idx = threadIdx.x; idx < cta_rows * p.dv; idx += kThreads) {
-    const int rr = idx / p.dv, d = idx % p.dv;
-    const int gr = row0 + rr;
-    if (gr >= group_rows) continue;
+  for (int rr = warp; rr < cta_rows && row0 + rr < group_rows; rr += kWarps) {
+    // Row rr lives in m-tile rr / 16, held by warps m_tile + j * warps_m (j < groups).
     const int m_tile = rr / 16, r = rr % 16;
     float m_all = neg_inf();
-    for (int w = m_tile; w < kWarps; w += warps_m) m_all = fmaxf(m_all, stat_m[w * 16 + r]);
-    float l_all = 0.f, o = 0.f;
-    for (int w = m_tile; w < kWarps; w += warps_m) {
-      const float weight = safe_exp2(stat_m[w * 16 + r], m_all);
-      l_all += weight * stat_l[w * 16 + r];
-      o += weight * part_o[(w * 16 + r) * D_TILE + d];
+#pragma unroll
+    for (int j = 0; j < kWarps; ++j)
+      if (j < groups) m_all = fmaxf(m_all, stat_m[(m_tile + j * warps_m) * 16 + r]);
+    float weight[kWarps];
+    float l_all = 0.f;
+#pragma unroll
+    for (int j = 0; j < kWarps; ++j) {
+      const int w = m_tile + j * warps_m;
+      weight[j] = j < groups ? safe_exp2(stat_m[w * 16 + r], m_all) : 0.f;
+      if (j < groups) l_all += weight[j] * stat_l[w * 16 + r];
     }
-    store_result<T>(p, b, kvh, gr, split, d, l_all > 0.f ? o / l_all : 0.f,
-                    l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : neg_inf());
+    const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : neg_inf();
+    store_row<T>(p, b, kvh, row0 + rr, split, lse, ln.lane, [&](int d) {
+      float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int j = 0; j < kWarps; ++j) {
+        if (j < groups) {
+          const float4 x = *reinterpret_cast<const float4*>(part_o + ((m_tile + j * warps_m) * 16 + r) * kStride + d);
+          o.x += weight[j] * x.x, o.y += weight[j] * x.y, o.z += weight[j] * x.z, o.w += weight[j] * x.w;
+        }
+      }
+      if (l_all > 0.f) return make_float4(o.x / l_all, o.y / l_all, o.z / l_all, o.w / l_all);
+      return make_float4(0.f, 0.f, 0.f, 0.f);
+    });
   }
 }
 

@@ -111,6 +111,29 @@ def test_sinks_lse_and_empty_rows_with_one_split_and_with_several(rng, dtype, ca
     assert alone.check().tobytes() == o.tobytes()
 
 
+@pytest.mark.parametrize("capacity", [200, 1000], ids=["one_split", "several_splits"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_out_rows_off_vector_alignment(rng, dtype, capacity):
+    # out's rows start one element past a 16-byte boundary and lie Dv + 1 apart: the kernel's
+    # vector stores must fall back to element stores, and the gaps must stay untouched.
+    batch, hq, hkv, sq, d = 3, 8, 2, 2, 64
+    lens = np.array([0, capacity // 3, capacity], np.int32)
+    q = rand(rng, (batch, hq, sq, d), dtype)
+    k = nan_tail_cache(rng, batch, hkv, capacity, d, dtype, lens)
+    v = nan_tail_cache(rng, batch, hkv, capacity, d, dtype, lens)
+    rows = batch * hq * sq
+    whole = ptxattn.asarray(np.full(1 + rows * (d + 1), np.nan, np.float32).astype(dtype))
+    item = np.dtype(dtype).itemsize
+    out = ptxattn.DeviceArray(whole.ptr + item, (batch, hq, sq, d), dtype,
+                              (hq * sq * (d + 1) * item, sq * (d + 1) * item, (d + 1) * item, item),
+                              whole.device, whole)
+    ptxattn.decode(*(ptxattn.asarray(x) for x in (q, k, v, lens)), out=out)
+    host = whole.get()
+    o = host[1:].reshape(rows, d + 1)
+    check_attention(o[:, :d].reshape(batch, hq, sq, d), None, reference.decode(q, k, v, lens)[0], None, dtype)
+    assert np.isnan(host[0]) and np.isnan(o[:, d].astype(np.float32)).all(), "a write outside out's rows"
+
+
 def test_numpy_in_numpy_out(rng):
     dtype, lens = ptxattn.bfloat16, np.array([5, 0, 40], np.int32)
     q = rand(rng, (3, 8, 2, 64), dtype)

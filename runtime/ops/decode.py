@@ -37,6 +37,7 @@ D_TILES = (64, 128, 256)  # the decode_split_<dt>_d<D> variants (float32 stops a
 MAX_SQ = 16
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
 MAX_STAGES = 4            # cu/decode.cu waits on at most 3 groups in flight
+MERGE_ROW_PAD = 8         # kPartStride - D_TILE: floats of padding per row of the end-of-CTA merge
 SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): an SM holds opt-in max + this
 # Measured on the H200 (bf16, Hq32 Hkv8 D128, Sq 1, graph-replayed step, bench.py --suite decode):
 #   v1  CTAS_PER_SM 16, warp-per-row combine          B64 T8192 1.97 TB/s, B1 T32768 0.58 TB/s
@@ -67,6 +68,11 @@ SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): a
 #       results exchanged through distributed shared memory, no combine kernel): B1 with 16
 #       splits 50.0 us a step against 44.6 with the combine kernel, B8 4 splits 102 vs 76 us
 #       (a cluster holds its SMs until its slowest CTA ends, and clusters place less freely).
+#   v6  per-CTA %globaltimer stamps (a scratch build) showed the end-of-CTA merge taking 4-6 us
+#       after the last warp's keys had landed: one element per thread per step, each recomputing
+#       its row's weights and index divisions. One warp a row, 4 elements a lane, weights once a
+#       row: B64 T8192 4.54 TB/s (1.07 x copy), B128 T2048 4.35, B1 T32768 3.22, B8 T8192 3.80,
+#       B8 lengths U[1, 8192] 3.19 (time 0.80 x B8 full's at 0.67 of its keys).
 class DecodeParams(ParamStruct):
     """Mirror of DecodeParams in cu/decode.cu (same fields, same order)."""
 
@@ -124,7 +130,7 @@ def shared_bytes(d_tile: int, itemsize: int, warps_m: int, stages: int) -> int:
     """The query tile, each warp group's K/V ring, or (reusing it) the end-of-CTA merge."""
     groups = WARPS // warps_m
     ring = (16 * warps_m + groups * stages * 2 * KEYS_PER_BLOCK) * d_tile * itemsize
-    merge = (2 + d_tile) * 16 * WARPS * 4
+    merge = (2 + d_tile + MERGE_ROW_PAD) * 16 * WARPS * 4
     return max(ring, merge)
 
 
