@@ -15,7 +15,7 @@
 // (the values its one-state combine would give), which saves the combine's launch and the
 // partials' round trip through memory.
 //
-// decode_split_<dt>_d<D>: grid (splits, Hkv * row_blocks, B), 128 threads (4 warps), dynamic
+// decode_split_<dt>_d<D>: grid (Hkv * row_blocks, B, splits), 128 threads (4 warps), dynamic
 // shared memory sized by runtime/ops/decode.py (shared_bytes). One CTA reads the keys
 // [split * keys_per_split, +keys_per_split) of one (batch, kv head) once, for all Hq/Hkv query
 // heads x Sq rows of its group ("rows", head-major: row = head_in_group * Sq + t). Rows are cut
@@ -532,21 +532,23 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   using C = Config<T, D_TILE>;
   extern __shared__ __align__(128) unsigned char smem[];
 
-  const int split = blockIdx.x;
-  const int row_blocks = gridDim.y / p.hkv;
-  const int kvh = blockIdx.y / row_blocks;
-  const int b = blockIdx.z;
+  // Split slowest: a grid of more than one wave (many rows, or the benchmarks' override)
+  // starts every row's first splits before any row's later ones.
+  const int split = blockIdx.z;
+  const int row_blocks = gridDim.x / p.hkv;
+  const int kvh = blockIdx.x / row_blocks;
+  const int b = blockIdx.y;
   const int warp = threadIdx.x / 32;
   const Lane ln = make_lane(threadIdx.x % 32);
   const int warps_m = p.warps_m, groups = kWarps / warps_m;
   const int wm = warp % warps_m, wk = warp / warps_m;  // row tile, key group
   const int cta_rows = 16 * warps_m;
-  const int row0 = (blockIdx.y % row_blocks) * cta_rows;  // first group row of this CTA
+  const int row0 = (blockIdx.x % row_blocks) * cta_rows;  // first group row of this CTA
   const int group_rows = (p.hq / p.hkv) * p.sq;
 
   // Live length; a bad one is reported (once per batch row) and the row reads no key.
   int len = p.seq_lens[b];
-  const bool reporter = split == 0 && blockIdx.y == 0 && threadIdx.x == 0;
+  const bool reporter = split == 0 && blockIdx.x == 0 && threadIdx.x == 0;
   if (len < 0 || len > p.capacity) {
     if (reporter) raise_fault(p.fault, len < 0 ? FAULT_NEGATIVE_LENGTH : FAULT_PAST_CAPACITY, b, len);
     len = 0;

@@ -2,13 +2,13 @@
 """Split-KV decode geometry sweep (developer tool, GPU machine with torch; repo root):
 
     python3 scripts/decode_sweep.py                          # every shape, default geometry only
-    python3 scripts/decode_sweep.py --shapes B1 B8u --ctas-per-sm 1 2 4 --stages 2 3
+    python3 scripts/decode_sweep.py --shapes B1 B8u --ctas-per-sm 1 2 4 --stages 2 3 --waves 1 2
 
 bf16, Hq32 Hkv8 D128, Sq 1; rows at capacity, or (shapes ending in "u") lengths drawn in
 [1, capacity]. For each shape and each (CTAs an SM holds, ring depth) whose plan differs from
-one already measured, one line ("*" marks the plan decode() ships):
+one already measured (and each grid target in waves), one line ("*" marks the plan decode() ships):
 
-    shape  cps st  splits grid ctas waves  TB/s  step us | split us  combine us  gap us  span us | err
+    shape  cps st w  splits grid ctas waves  TB/s  step us | split us  combine us  gap us  span us | err
 
 TB/s counts the live K and V, q and the output (as scripts/bench_decode.py does); step: the
 graph-replayed step from CUDA events (bench_common.time_ms); split / combine: average kernel
@@ -20,6 +20,7 @@ calls; the public API is untouched.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -30,11 +31,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 HQ, HKV, D = 32, 8, 128
-# name: (batch, capacity, random lengths)
+# name: (batch, capacity, random lengths, seed); B8u draws the lengths of bench_decode's row
 SHAPES = {
-    "B1": (1, 32768, False), "B1_16k": (1, 16384, False), "B1_64k": (1, 65536, False),
-    "B1_128k": (1, 131072, False), "B8": (8, 8192, False), "B8u": (8, 8192, True),
-    "B64": (64, 8192, False), "B128": (128, 2048, False),
+    "B1": (1, 32768, False, 0), "B1_16k": (1, 16384, False, 0), "B1_64k": (1, 65536, False, 0),
+    "B1_128k": (1, 131072, False, 0), "B8": (8, 8192, False, 0), "B8u": (8, 8192, True, 0),
+    "B8u1": (8, 8192, True, 1), "B8u2": (8, 8192, True, 2), "B16u": (16, 8192, True, 0),
+    "B64": (64, 8192, False, 0), "B128": (128, 2048, False, 0),
 }
 REPEAT = 30
 PROFILED_STEPS = 20
@@ -71,19 +73,19 @@ def fmt(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, stream, dev, args) -> None:
+def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed: int, stream, dev, args) -> None:
     import torch.nn.functional as F
 
     import ptxattn
     from bench_common import rotation_count, time_ms
     from ptxattn.ops import decode as decode_module
 
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    lens = (torch.randint(1, capacity + 1, (batch,), dtype=torch.int32, device="cuda", generator=gen) if uniform
+            else torch.full((batch,), capacity, dtype=torch.int32, device="cuda"))
     sets = [tuple(torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
                   for shape in ((batch, HQ, 1, D), (batch, HKV, capacity, D), (batch, HKV, capacity, D)))
             for _ in range(rotation_count(2 * batch * HKV * capacity * D * 2))]
-    lens = (torch.randint(1, capacity + 1, (batch,), dtype=torch.int32, device="cuda", generator=gen) if uniform
-            else torch.full((batch,), capacity, dtype=torch.int32, device="cuda"))
     out = torch.empty(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
     q0, k0, v0 = sets[0]
     group = HQ // HKV
@@ -93,6 +95,7 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, stre
     dev_sets = [tuple(ptxattn.from_dlpack(t, stream) for t in s) for s in sets]
     dev_lens, dev_out = ptxattn.from_dlpack(lens, stream), ptxattn.from_dlpack(out, stream)
     moved = 2 * HKV * D * 2 * int(lens.sum()) + 2 * batch * HQ * D * 2
+    print(f"{name}: B{batch} capacity {capacity}, {int(lens.sum()) / (batch * capacity):.3f} of the keys live", flush=True)
 
     def step(i):
         q, k, v = dev_sets[i]
@@ -111,48 +114,49 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, stre
 
     default = plan_of()
     seen = {}
-    for cps in args.ctas_per_sm or [None]:
-        for stages in args.stages or [None]:
-            label = f"{name:7} cps={cps or '-'} st={stages or '-'}"
-            try:
-                plan = plan_of(stages=stages, ctas_per_sm=cps)
-            except ValueError as exc:
-                print(f"{label}: does not fit ({exc})", flush=True)
-                continue
-            key = (plan.grid, plan.stages)
-            if key in seen:
-                print(f"{label}  same plan as {seen[key]}", flush=True)
-                continue
-            seen[key] = label.split(None, 1)[1]
-            decode_module.plan_decode = lambda **kw: shipped_plan(**{**kw, "ctas_per_sm": cps, "stages": stages})
-            graphs = []
-            try:
-                step(0)  # outside capture: loads modules, grows the arena
-                err = error()
-                for i in range(len(sets)):
-                    with ptxattn.capture(stream) as g:
-                        step(i)
-                    graphs.append(g)
+    for cps, stages, waves in itertools.product(args.ctas_per_sm or [None], args.stages or [None],
+                                                args.waves or [None]):
+        label = f"{name:7} cps={cps or '-'} st={stages or '-'} w={waves or '-'}"
+        override = {"ctas_per_sm": cps, "stages": stages, "waves": waves or 1}
+        try:
+            plan = plan_of(**override)
+        except ValueError as exc:
+            print(f"{label}: does not fit ({exc})", flush=True)
+            continue
+        key = (plan.grid, plan.stages)
+        if key in seen:
+            print(f"{label}  same plan as {seen[key]}", flush=True)
+            continue
+        seen[key] = label.split(None, 1)[1]
+        decode_module.plan_decode = lambda **kw: shipped_plan(**{**kw, **override})
+        graphs = []
+        try:
+            step(0)  # outside capture: loads modules, grows the arena
+            err = error()
+            for i in range(len(sets)):
+                with ptxattn.capture(stream) as g:
+                    step(i)
+                graphs.append(g)
 
-                def replay(i):
-                    graphs[i].replay(stream)
+            def replay(i):
+                graphs[i].replay(stream)
 
-                ms = time_ms(replay, repeat=REPEAT, rotate=len(sets))
-                times = kernel_times(torch, replay, len(sets))
-                out.fill_(float("nan"))
-                replay(0)
-                err = max(err, error(), key=lambda e: math.inf if math.isnan(e) else e)
-            finally:
-                for g in graphs:
-                    g.close()
-                decode_module.plan_decode = shipped_plan
-            resident = (dev.max_shared_per_block_optin + 1024) // (plan.shared_bytes + 1024)
-            ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
-            mark = "*" if key == (default.grid, default.stages) else " "
-            print(f"{label}{mark} splits={plan.num_splits:3d} grid={plan.grid} ctas={ctas:5d} "
-                  f"waves={ctas / (resident * dev.sm_count):.2f}  {moved / (ms * 1e-3) / 1e12:.2f} TB/s "
-                  f"step {ms * 1e3:7.1f} | split {fmt(times['split'])} combine {fmt(times['combine'])} "
-                  f"gap {fmt(times['gap'])} span {fmt(times['span'])} | err {err:.1e}", flush=True)
+            ms = time_ms(replay, repeat=REPEAT, rotate=len(sets))
+            times = kernel_times(torch, replay, len(sets))
+            out.fill_(float("nan"))
+            replay(0)
+            err = max(err, error(), key=lambda e: math.inf if math.isnan(e) else e)
+        finally:
+            for g in graphs:
+                g.close()
+            decode_module.plan_decode = shipped_plan
+        resident = (dev.max_shared_per_block_optin + 1024) // (plan.shared_bytes + 1024)
+        ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
+        mark = "*" if key == (default.grid, default.stages) else " "
+        print(f"{label}{mark} splits={plan.num_splits:3d} grid={plan.grid} ctas={ctas:5d} "
+              f"waves={ctas / (resident * dev.sm_count):.2f}  {moved / (ms * 1e-3) / 1e12:.2f} TB/s "
+              f"step {ms * 1e3:7.1f} | split {fmt(times['split'])} combine {fmt(times['combine'])} "
+              f"gap {fmt(times['gap'])} span {fmt(times['span'])} | err {err:.1e}", flush=True)
     del sets, dev_sets, reference
     torch.cuda.empty_cache()
 
@@ -162,6 +166,8 @@ def main() -> int:
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--ctas-per-sm", nargs="+", type=int, help="CTAs an SM is taken to hold (default: the plan's)")
     parser.add_argument("--stages", nargs="+", type=int, help="ring depths (default: the plan's)")
+    parser.add_argument("--waves", nargs="+", type=int, help="grid targets in waves of resident CTAs "
+                                                             "(default: the plan's)")
     args = parser.parse_args()
     from bench_common import copy_bandwidth_tbs, suite_torch
 

@@ -35,6 +35,7 @@ WARPS = THREADS // 32
 SPLIT_ALIGN = KEYS_PER_BLOCK * WARPS  # keys_per_split is a multiple: full splits give every group as many blocks
 D_TILES = (64, 128, 256)  # the decode_split_<dt>_d<D> variants (float32 stops at 128)
 MAX_SQ = 16
+MAX_GRID_Y = 65535        # the batch rows are the grid's y axis
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
 MAX_STAGES = 4            # cu/decode.cu waits on at most 3 groups in flight
 MERGE_ROW_PAD = 8         # kPartStride - D_TILE: floats of padding per row of the end-of-CTA merge
@@ -73,6 +74,14 @@ SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): a
 #       its row's weights and index divisions. One warp a row, 4 elements a lane, weights once a
 #       row: B64 T8192 4.54 TB/s (1.07 x copy), B128 T2048 4.35, B1 T32768 3.22, B8 T8192 3.80,
 #       B8 lengths U[1, 8192] 3.19 (time 0.80 x B8 full's at 0.67 of its keys).
+#   v7  grids of more than one wave (finer splits; the CTAs start split by split, so a later
+#       wave holds only long rows' splits) did not help rows of unequal length consistently.
+#       decode_sweep --waves 1 2 3 4, step us (B8 T8192; lengths U[1, 8192], three seeds):
+#         full 72.0 / 74.3 / 76.8 / 78.5     0.674 live 57.9 / 61.8 / 56.3 / 58.0
+#         0.503 live 46.5 / 47.1 / 47.1 / 47.7     0.472 live 46.3 / 42.2 / 46.2 / 45.0
+#       (B16 at 0.640 live: 100.0 / 102.6 / 93.6 / 96.8; B1 T32768: 41.9 / 46.5 / 50.3 / 53.8).
+#       One wave stays. Time tracks live keys with an offset: about 0.27 + 0.79 x live of the
+#       full step at B8, the offset being the step's fixed cost plus the long rows' last CTAs.
 class DecodeParams(ParamStruct):
     """Mirror of DecodeParams in cu/decode.cu (same fields, same order)."""
 
@@ -146,12 +155,14 @@ def ring_depth(d_tile: int, itemsize: int, warps_m: int, max_shared: int) -> int
 
 def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, capacity: int, dtype,
                 sm_count: int, max_shared: int, stages: int | None = None,
-                ctas_per_sm: int | None = None) -> DecodePlan:
+                ctas_per_sm: int | None = None, waves: int = 1) -> DecodePlan:
     """Grid, split geometry, shared memory and workspace of one decode launch (validated
     shapes). Depends on no live length. The grid is one wave: as many splits as let every
     (batch row, kv head, row block) have its CTAs resident at once, each split at least
-    MIN_KEYS_PER_SPLIT keys. `stages` overrides the ring depth and `ctas_per_sm` the CTAs an
-    SM is taken to hold (benchmarks)."""
+    MIN_KEYS_PER_SPLIT keys. `stages` overrides the ring depth, `ctas_per_sm` the CTAs an SM is
+    taken to hold and `waves` the grid target (benchmarks)."""
+    if batch > MAX_GRID_Y:
+        raise ValueError(f"decode: batch must be <= {MAX_GRID_Y} (a grid axis), got {batch}")
     dtype = np.dtype(dtype)
     d_tile = d_tile_for(dtype, dqk, dv)
     rows = hq // hkv * sq  # query rows sharing one kv head
@@ -166,7 +177,7 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
     if ctas_per_sm is None:
         ctas_per_sm = (max_shared + SHARED_RESERVED_PER_CTA) // (smem + SHARED_RESERVED_PER_CTA)
     ctas_per_split = batch * hkv * row_blocks
-    splits = max(1, min(ctas_per_sm * sm_count // ctas_per_split, _ceil_div(capacity, MIN_KEYS_PER_SPLIT)))
+    splits = max(1, min(waves * ctas_per_sm * sm_count // ctas_per_split, _ceil_div(capacity, MIN_KEYS_PER_SPLIT)))
     keys_per_split = _ceil_div(_ceil_div(capacity, splits), SPLIT_ALIGN) * SPLIT_ALIGN
     splits = _ceil_div(capacity, keys_per_split)
     partials = batch * hq * sq * splits
@@ -174,7 +185,7 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
     workspace = WorkspaceLayout(o_part=partials * dv * 4, lse_part=partials * 4) if splits > 1 else WorkspaceLayout()
     return DecodePlan(
         kernel=f"decode_split_{ATTENTION_DTYPES[dtype]}_d{d_tile}",
-        grid=(splits, hkv * row_blocks, batch),
+        grid=(hkv * row_blocks, batch, splits),
         shared_bytes=smem,
         stages=stages,
         warps_m=warps_m,
