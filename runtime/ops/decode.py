@@ -82,6 +82,13 @@ SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): a
 #       (B16 at 0.640 live: 100.0 / 102.6 / 93.6 / 96.8; B1 T32768: 41.9 / 46.5 / 50.3 / 53.8).
 #       One wave stays. Time tracks live keys with an offset: about 0.27 + 0.79 x live of the
 #       full step at B8, the offset being the step's fixed cost plus the long rows' last CTAs.
+#       Per-CTA stamps at B8 lengths U[1, 8192] (0.674 live): the step ends with the SMs that
+#       host two full 2048-key splits (52 us; a full split alone on its SM ends at 41 us, every
+#       SM in the full step at ~64 us): an SM's two CTAs keep only 128 KB in flight.
+#   v8  L2 prefetch (prefetch.global.L2, one warp a block, 1 to 8 of a group's blocks past the
+#       ring) to deepen the reads in flight without shared memory: slower everywhere, e.g. one
+#       block ahead B1 41.6 -> 45.8 us, B8 71.3 -> 82.1, B8 0.674 live 57.3 -> 65.3, B64 T8192
+#       476 -> 550. Not kept.
 class DecodeParams(ParamStruct):
     """Mirror of DecodeParams in cu/decode.cu (same fields, same order)."""
 
