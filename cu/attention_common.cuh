@@ -53,6 +53,15 @@ __device__ __forceinline__ float safe_exp2(float x, float row_max) {
   return exp2f(x - exp_subtrahend(row_max));
 }
 
+// The factor on a finished row's o (normalised over its keys, whose total weight is e^lse)
+// once a sink's virtual key (logit sinks[head], or none when sinks is null) joins the
+// denominator; 0 for a row that saw no key. Shared by merge.cu's combine and decode.cu's
+// one-split direct write, so both give the same bits.
+__device__ __forceinline__ float sink_scale(float lse, const float* sinks, int head) {
+  if (lse == neg_inf()) return 0.f;
+  return sinks == nullptr ? 1.f : 1.f / (1.f + expf(sinks[head] - lse));
+}
+
 // Explicit attention masks, read element by element through 64-bit offsets
 // (stride 0 on broadcast axes). bool: nonzero byte = attend; float kinds are
 // additive. Returned in the base-2 domain the online softmax works in.

@@ -501,16 +501,15 @@ __device__ __forceinline__ void store4(T* dst, float4 v, float scale) {
 
 // Row gr's result over this split, written by one warp: lane l stores elements 4 l .. 4 l + 3
 // (then + 128 ...) from o4(d), the float4 of elements d .. d + 3 of o normalised by the
-// split's own sum (Dv is a multiple of 4). With one split this is the final output, scaled
-// for the sink exactly as merge.cu scales its combine (whose lse and weight for one state are
-// exactly this lse and 1: same values); else it is the split's partial.
+// split's own sum (Dv is a multiple of 4). With one split this is the final output, scaled by
+// sink_scale as merge.cu's combine scales it (whose lse and weight for one state are exactly
+// this lse and 1: same values); else it is the split's partial.
 template <class T, class RowValues>
 __device__ __forceinline__ void store_row(const DecodeParams& p, int b, int kvh, int gr, int split, float lse,
                                           int lane, const RowValues& o4) {
   const int head = kvh * (p.hq / p.hkv) + gr / p.sq, t = gr % p.sq;
   if (p.o_out != nullptr) {
-    float out_scale = lse == neg_inf() ? 0.f : 1.f;
-    if (p.sinks != nullptr && lse != neg_inf()) out_scale = 1.f / (1.f + expf(p.sinks[head] - lse));
+    const float out_scale = sink_scale(lse, p.sinks, head);
     T* row = static_cast<T*>(p.o_out) + b * p.o_out_stride_b + head * p.o_out_stride_h + t * p.o_out_stride_s;
     for (int d = 4 * lane; d < p.dv; d += 128) store4<T>(row + d, o4(d), out_scale);
     if (lane == 0 && p.lse_out != nullptr)

@@ -108,8 +108,7 @@ __device__ __forceinline__ void merge_row(const MergeParams& p) {
         const float m_all = warp_max(m);
         sum = warp_sum(m == neg_inf() ? 0.f : sum * expf(m - m_all));
         lse = sum > 0.f ? m_all + logf(sum) : neg_inf();
-        out_scale = lse == neg_inf() ? 0.f : 1.f;
-        if (p.sinks != nullptr && lse != neg_inf()) out_scale = 1.f / (1.f + expf(p.sinks[h] - lse));
+        out_scale = sink_scale(lse, p.sinks, h);
       }
 #pragma unroll
       for (int k = 0; k < kAhead; ++k)

@@ -121,8 +121,3 @@ def c_struct_fields(source: Path, struct: str) -> list[tuple[str, int]]:
                                                     ("merge.cu", "MergeParams", MergeParams)])
 def test_param_struct_mirrors_the_kernel(source, struct, mirror):
     assert c_struct_fields(CU / source, struct) == [(name, ctypes.sizeof(t)) for name, t in mirror._fields_]
-
-
-def test_batch_past_the_grid_axis_is_refused():
-    with pytest.raises(ValueError, match=r"decode: batch must be <= 65535 \(a grid axis\), got 65536"):
-        plan(batch=65536, capacity=256)

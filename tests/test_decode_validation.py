@@ -53,6 +53,13 @@ def test_decode_sq_range(sq):
         run_decode(q=host((B, HQ, sq, D)))
 
 
+def test_decode_batch_past_the_grid_axis():
+    big = 65536
+    with pytest.raises(ValueError, match=r"decode: q's batch \(axis 0\) must be <= 65535 \(a grid axis\), got 65536"):
+        ptxattn.decode(dev((big, HQ, SQ, D), np.float16), dev((big, HKV, CAP, D), np.float16),
+                       dev((big, HKV, CAP, D), np.float16), dev((big,), np.int32))
+
+
 def test_decode_q_rank():
     with pytest.raises(ValueError, match=r"decode: q must be 4-d \[B, Hq, Sq, Dqk\], got shape \(2, 8, 64\)"):
         run_decode(q=host((B, HQ, D)))
@@ -176,6 +183,13 @@ def paged_args(**over):
 
 def run_paged(options=None, **over):
     return ptxattn.paged_decode(**paged_args(**over), **(options or {}))
+
+
+def test_paged_batch_past_the_grid_axis():
+    big = 65536
+    with pytest.raises(ValueError, match=r"paged_decode: q's batch \(axis 0\) must be <= 65535 \(a grid axis\)"):
+        ptxattn.paged_decode(dev((big, HQ, SQ, D), np.float16), dev((PAGES, HKV, PAGE, D), np.float16),
+                             dev((PAGES, HKV, PAGE, D), np.float16), dev((big, 4), np.int32), dev((big,), np.int32))
 
 
 def test_paged_page_size_power_of_two():

@@ -168,8 +168,6 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
     (batch row, kv head, row block) have its CTAs resident at once, each split at least
     MIN_KEYS_PER_SPLIT keys. `stages` overrides the ring depth, `ctas_per_sm` the CTAs an SM is
     taken to hold and `waves` the grid target (benchmarks)."""
-    if batch > MAX_GRID_Y:
-        raise ValueError(f"decode: batch must be <= {MAX_GRID_Y} (a grid axis), got {batch}")
     dtype = np.dtype(dtype)
     d_tile = d_tile_for(dtype, dqk, dv)
     rows = hq // hkv * sq  # query rows sharing one kv head
@@ -235,7 +233,9 @@ def check_query(op: str, q, k: CacheShape, v: CacheShape) -> None:
     """q [B, Hq, Sq, Dqk] against K / V caches of Hkv heads (validated shapes)."""
     check_rank(op, "q", q, 4, "[B, Hq, Sq, Dqk]")
     check_attention_dtype(op, "q", q)
-    _, hq, sq, dqk = (int(n) for n in q.shape)
+    batch, hq, sq, dqk = (int(n) for n in q.shape)
+    if batch > MAX_GRID_Y:
+        raise ValueError(f"{op}: q's batch (axis 0) must be <= {MAX_GRID_Y} (a grid axis), got {batch}")
     if not 1 <= sq <= MAX_SQ:
         raise ValueError(f"{op}: q's Sq (axis 2) must be in [1, {MAX_SQ}] (decode steps), got {sq}")
     if k.heads != v.heads:
