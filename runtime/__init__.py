@@ -7,12 +7,13 @@ from .driver import CudaError, CudaUnavailableError
 from .dtypes import bfloat16
 from .faults import DeviceFault, check_faults
 from .graph import Graph, capture
-from .memory import CaptureAllocationError, OutOfMemoryError, WorkspaceLayout, arena_for
+from .memory import CaptureAllocationError, OutOfMemoryError, WorkspaceLayout
 from .module import PtxLoadError
 from .ops.attention import sdpa
 from .ops.decode import decode, decode_workspace_bytes
 from .ops.kv_cache import kv_append
 from .ops.merge import merge_states, merge_states_n
+from .ops.prepared import Prepared, prepare
 from .ops.paged import paged_decode, paged_decode_workspace_bytes, paged_kv_append
 from .ops.softmax import log_softmax, softmax
 from .stream import Event, Stream, as_stream

@@ -32,7 +32,7 @@ class DeviceArray:
     and exports order themselves after it.
     """
 
-    __slots__ = ("ptr", "shape", "dtype", "strides", "device", "stream", "_owner", "__weakref__")
+    __slots__ = ("ptr", "shape", "dtype", "strides", "device", "stream", "_owner", "_meta", "__weakref__")
 
     def __init__(self, ptr: int, shape, dtype, strides, device: Device, owner, stream: Stream | None = None):
         self.ptr = int(ptr)
@@ -42,6 +42,28 @@ class DeviceArray:
         self.device = device
         self.stream = stream
         self._owner = owner  # whatever keeps the memory alive (a DeviceBuffer or a foreign array)
+        self._meta = None
+
+    @classmethod
+    def view(cls, ptr: int, shape: tuple, dtype: np.dtype, strides: tuple, device: Device, owner,
+             stream: Stream | None = None) -> "DeviceArray":
+        """A DeviceArray over checked parts (int ptr, tuple shape, a supported np.dtype, byte
+        strides): the cheap constructor of the op path."""
+        arr = cls.__new__(cls)
+        arr.ptr, arr.shape, arr.dtype, arr.strides = ptr, shape, dtype, strides
+        arr.device, arr.stream, arr._owner, arr._meta = device, stream, owner, None
+        return arr
+
+    @property
+    def meta(self) -> tuple:
+        """What a prepared op depends on: (shape, element strides, dtype, device ordinal,
+        address alignment up to 256 bytes). Equal metas run the same plan."""
+        meta = self._meta
+        if meta is None:
+            ptr = self.ptr
+            align = min(ptr & -ptr, 256) if ptr else 256
+            meta = self._meta = (self.shape, self.element_strides, self.dtype, self.device.ordinal, align)
+        return meta
 
     # ---- metadata ----------------------------------------------------------
     @property
@@ -218,11 +240,13 @@ def is_device_array_like(obj) -> bool:
 
 def from_dlpack(obj, stream=None) -> DeviceArray:
     """Zero-copy view of a device array exported through DLPack or the CUDA Array Interface
-    (CuPy, PyTorch, JAX, ...). Work on `stream` is ordered after the producer's."""
+    (CuPy, PyTorch, JAX, ...). Work on `stream` is ordered after the producer's; while
+    `stream` is capturing a graph nothing is ordered (the caller ordered its work on the
+    capturing stream already, and a wait on uncaptured work would break the capture)."""
     from cuda.core.utils import StridedMemoryView
 
     st = as_stream(stream)
-    consumer = st.ptr or _CU_STREAM_LEGACY
+    consumer = -1 if st.ptr and st.is_capturing() else (st.ptr or _CU_STREAM_LEGACY)
     # cuda.core >= 1.2 spells the generic constructor from_any_interface.
     make = getattr(StridedMemoryView, "from_any_interface", None)
     view = make(obj, stream_ptr=consumer) if make else StridedMemoryView(obj, stream_ptr=consumer)

@@ -97,26 +97,49 @@ def driver_version() -> tuple[int, int]:
 
 
 class _HotPath:
-    """cuCtxGetCurrent, asked on every op call, through ctypes: it fills a reused pointer
-    instead of building a CUcontext object. Everything else goes through `call`."""
+    """The context calls made on every op call, through ctypes: they fill a reused pointer
+    instead of building CUcontext objects. Everything else goes through `call`."""
 
     def __init__(self) -> None:
         init()
         lib = ctypes.CDLL("nvcuda.dll" if sys.platform == "win32" else "libcuda.so.1")
         self.lib = lib
-        get_current = lib.cuCtxGetCurrent
-        get_current.restype = ctypes.c_int
-        get_current.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        self._get_current = get_current
-        self._ctx = ctypes.c_void_p()
-        self._ctx_ref = ctypes.byref(self._ctx)
+        self._get_current = self._function("cuCtxGetCurrent", ctypes.POINTER(ctypes.c_void_p))
+        self._push = self._function("cuCtxPushCurrent_v2", ctypes.c_void_p)
+        self._pop = self._function("cuCtxPopCurrent_v2", ctypes.POINTER(ctypes.c_void_p))
+        self._slots = threading.local()  # the driver writes into it with the GIL released
+
+    def _function(self, name: str, *argtypes):
+        fn = getattr(self.lib, name)
+        fn.restype = ctypes.c_int
+        fn.argtypes = list(argtypes)
+        return fn
+
+    def _slot(self):
+        slot = getattr(self._slots, "ctx", None)
+        if slot is None:
+            slot = self._slots.ctx = ctypes.c_void_p()
+            self._slots.ref = ctypes.byref(slot)
+        return slot
 
     def current_context(self) -> int:
         """Handle of the calling thread's current context (0 if none)."""
-        err = self._get_current(self._ctx_ref)
+        slot = self._slot()
+        err = self._get_current(self._slots.ref)
         if err:
             raise CudaError("cuCtxGetCurrent", cu.CUresult(err))
-        return self._ctx.value or 0
+        return slot.value or 0
+
+    def push(self, context: int) -> None:
+        err = self._push(context)
+        if err:
+            raise CudaError("cuCtxPushCurrent", cu.CUresult(err))
+
+    def pop(self) -> None:
+        self._slot()
+        err = self._pop(self._slots.ref)
+        if err:
+            raise CudaError("cuCtxPopCurrent", cu.CUresult(err))
 
 
 _hot: _HotPath | None = None

@@ -1,7 +1,9 @@
-"""Device buffers, pinned host buffers, and the workspace arena.
+"""Device buffers, pinned host buffers, the stream-ordered pool, and workspace layouts.
 
 Buffers are freed deterministically by `close()`, or when collected, or at interpreter
-exit (weakref.finalize), always inside their device's context.
+exit (weakref.finalize), always inside their device's context. A buffer made on a stream
+comes from ptxattn's stream-ordered pool and is freed in that stream's order: neither its
+allocation nor its release waits for the device.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from .stream import Stream
 
 __all__ = [
     "DeviceBuffer", "PinnedBuffer", "OutOfMemoryError", "CaptureAllocationError",
-    "WorkspaceLayout", "WorkspaceArena", "arena_for", "live_device_bytes", "ALIGNMENT",
+    "WorkspaceLayout", "live_device_bytes", "pool_bytes_in_use", "ALIGNMENT",
 ]
 
 ALIGNMENT = 256
@@ -39,6 +41,7 @@ class CaptureAllocationError(RuntimeError):
 
 
 _live = {"buffers": 0, "bytes": 0}
+_live_lock = threading.Lock()
 
 
 def live_device_bytes() -> tuple[int, int]:
@@ -46,27 +49,74 @@ def live_device_bytes() -> tuple[int, int]:
     return _live["buffers"], _live["bytes"]
 
 
+def _count(buffers: int, nbytes: int) -> None:
+    with _live_lock:
+        _live["buffers"] += buffers
+        _live["bytes"] += nbytes
+
+
+# ---- the stream-ordered pool ---------------------------------------------------------------
+_pools: dict[int, object] = {}
+_pools_lock = threading.Lock()
+_KEEP_EVERYTHING = cu.cuuint64_t(2**64 - 1)
+
+
+def _pool(device: Device):
+    """ptxattn's own memory pool on `device` (made once). Not the device's default pool, so a
+    host's settings of that one stay as they were; it keeps freed memory for reuse instead
+    of returning it to the driver at every synchronization."""
+    pool = _pools.get(device.ordinal)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(device.ordinal)
+            if pool is None:
+                props = cu.CUmemPoolProps()
+                props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+                props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+                props.location.id = device.ordinal
+                with on_device(device):
+                    pool = call(cu.cuMemPoolCreate, props)
+                    call(cu.cuMemPoolSetAttribute, pool,
+                         cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, _KEEP_EVERYTHING)
+                _pools[device.ordinal] = pool
+    return pool
+
+
+def pool_bytes_in_use(device: Device) -> int:
+    """Bytes of ptxattn's pool on `device` handed out and not yet freed (0 before first use)."""
+    pool = _pools.get(device.ordinal)
+    if pool is None:
+        return 0
+    with on_device(device):
+        value = call(cu.cuMemPoolGetAttribute, pool, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    return int(value)
+
+
 class DeviceBuffer:
-    """`nbytes` of device memory on `device`. `ptr` is the device address (an int)."""
+    """`nbytes` of device memory on `device`; `ptr` is the device address (an int). With a
+    `stream` it comes from the stream-ordered pool, usable by work queued on that stream
+    (or ordered after it), and is freed in that stream's order."""
 
     __slots__ = ("ptr", "nbytes", "device", "_finalizer", "__weakref__")
 
-    def __init__(self, nbytes: int, device: Device) -> None:
+    def __init__(self, nbytes: int, device: Device, stream: Stream | None = None) -> None:
         self.nbytes = int(nbytes)
         self.device = device
+        size = max(self.nbytes, 1)  # an empty buffer still gets a valid address
         with on_device(device):
             try:
-                # cuMemAlloc refuses 0 bytes; an empty buffer still gets a valid address.
-                dptr = call(cu.cuMemAlloc, max(self.nbytes, 1))
+                if stream is None:
+                    dptr = call(cu.cuMemAlloc, size)
+                else:
+                    dptr = call(cu.cuMemAllocFromPoolAsync, size, _pool(device), stream.handle)
             except CudaError as exc:
                 if exc.result != "CUDA_ERROR_OUT_OF_MEMORY":
                     raise
                 free, total = call(cu.cuMemGetInfo)
                 raise OutOfMemoryError(device, self.nbytes, free, total) from None
         self.ptr = int(dptr)
-        self._finalizer = weakref.finalize(self, release, _free_device, dptr, device, self.nbytes)
-        _live["buffers"] += 1
-        _live["bytes"] += self.nbytes
+        self._finalizer = weakref.finalize(self, release, _free_device, dptr, device, self.nbytes, stream)
+        _count(1, self.nbytes)
 
     def close(self) -> None:
         self._finalizer()
@@ -76,11 +126,16 @@ class DeviceBuffer:
         return not self._finalizer.alive
 
 
-def _free_device(dptr, device: Device, nbytes: int) -> None:
-    _live["buffers"] -= 1
-    _live["bytes"] -= nbytes
+def _free_device(dptr, device: Device, nbytes: int, stream: Stream | None) -> None:
+    _count(-1, -nbytes)
     with on_device(device):
-        call(cu.cuMemFree, dptr)
+        if stream is None:
+            call(cu.cuMemFree, dptr)
+            return
+        err, = cu.cuMemFreeAsync(dptr, stream.handle)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            # The stream was destroyed first: free once the device is done with the memory.
+            call(cu.cuMemFree, dptr)
 
 
 class PinnedBuffer:
@@ -137,56 +192,3 @@ class WorkspaceLayout:
     def __repr__(self) -> str:
         regions = ", ".join(f"{n}={self.sizes[n]}@{self.offsets[n]}" for n in self.offsets)
         return f"WorkspaceLayout({regions}; {self.nbytes} bytes)"
-
-
-class WorkspaceArena:
-    """One growable device reservation per (device, stream). Work on one stream is ordered,
-    so every op on that stream may reuse the same bytes. It never grows while its stream is
-    being captured: reserve before capturing."""
-
-    def __init__(self, device: Device, stream: Stream) -> None:
-        self.device = device
-        self.stream = stream
-        self._buffer: DeviceBuffer | None = None
-
-    @property
-    def held(self) -> int:
-        return 0 if self._buffer is None else self._buffer.nbytes
-
-    def reserve(self, nbytes: int) -> int:
-        """Return the base address of at least `nbytes` (256-byte aligned)."""
-        nbytes = align_up(nbytes)
-        if nbytes <= self.held and self._buffer is not None:
-            return self._buffer.ptr
-        if self.stream.is_capturing():
-            raise CaptureAllocationError(
-                f"workspace: the stream is capturing a graph and the arena must grow: asked "
-                f"for {nbytes:,} bytes, it holds {self.held:,}. Reserve the workspace before "
-                f"capture (ptxattn.arena_for(device, stream).reserve(n)) or pass workspace=."
-            )
-        if self._buffer is not None:
-            # Earlier work on this stream may still read the old bytes.
-            self.stream.synchronize()
-            self._buffer.close()
-            self._buffer = None
-        self._buffer = DeviceBuffer(nbytes, self.device)
-        return self._buffer.ptr
-
-    def release(self) -> None:
-        if self._buffer is not None:
-            self.stream.synchronize()
-            self._buffer.close()
-            self._buffer = None
-
-
-_arenas: dict[tuple[int, int], WorkspaceArena] = {}
-_arenas_lock = threading.Lock()
-
-
-def arena_for(device: Device, stream: Stream) -> WorkspaceArena:
-    key = (device.ordinal, stream.ptr)
-    with _arenas_lock:
-        arena = _arenas.get(key)
-        if arena is None:
-            arena = _arenas[key] = WorkspaceArena(device, stream)
-        return arena

@@ -110,34 +110,49 @@ def load_ptx(ptx: bytes, label: str, device: Device):
         raise PtxLoadError(f"loading {label} on {device.name} failed: {exc}\nJIT log:\n{text or '(empty)'}") from exc
 
 
-_launch = cu.cuLaunchKernel
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
+_FA = cu.CUfunction_attribute
 
 
 class Kernel:
-    """A kernel function in one context."""
+    """A kernel function in one context, its attributes set when it was looked up."""
 
-    __slots__ = ("name", "function", "arch", "_max_dynamic_shared")
+    __slots__ = ("name", "function", "arch", "max_dynamic_shared")
 
-    def __init__(self, name: str, function, arch: str) -> None:
+    def __init__(self, name: str, function, arch: str, max_dynamic_shared: int = 48 * 1024) -> None:
         self.name = name
         self.function = function
         self.arch = arch
-        self._max_dynamic_shared = 48 * 1024
+        self.max_dynamic_shared = max_dynamic_shared
 
     def launch(self, grid, block, params: ParamStruct, stream: Stream, shared_bytes: int = 0) -> None:
-        if shared_bytes > self._max_dynamic_shared:
-            call(cu.cuFuncSetAttribute, self.function,
-                 cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, shared_bytes)
-            self._max_dynamic_shared = shared_bytes
         gx, gy, gz = grid
         bx, by, bz = block
         # cuda-python's own wrapper measured faster than a ctypes call with 11 arguments
         # (scripts/bench_launch.py prints both).
-        err, = _launch(self.function, gx, gy, gz, bx, by, bz, shared_bytes, stream.handle, params.kernel_args, 0)
+        err, = cu.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, shared_bytes, stream.handle,
+                                 params.kernel_args, 0)
         if err != _SUCCESS:
-            raise CudaError(f"cuLaunchKernel({self.name}, grid={tuple(grid)}, block={tuple(block)}, "
-                            f"shared={shared_bytes})", err)
+            raise launch_error(self.name, grid, block, shared_bytes, err)
+
+
+def launch_error(name: str, grid, block, shared_bytes: int, err) -> CudaError:
+    return CudaError(f"cuLaunchKernel({name}, grid={tuple(grid)}, block={tuple(block)}, shared={shared_bytes})", err)
+
+
+# The decode K/V ring is what keeps bytes in flight: as many CTAs as shared memory allows.
+_PREFER_SHARED_CARVEOUT = ("decode",)
+
+
+def _configure(function, device: Device, family: str) -> int:
+    """Let the kernel use all the dynamic shared memory the device offers a block (and, for
+    the families that ask, the largest carveout), once per kernel; return that limit."""
+    static = call(cu.cuFuncGetAttribute, _FA.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function)
+    limit = device.max_shared_per_block_optin - static
+    call(cu.cuFuncSetAttribute, function, _FA.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, limit)
+    if family in _PREFER_SHARED_CARVEOUT:
+        call(cu.cuFuncSetAttribute, function, _FA.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+    return limit
 
 
 _cache_lock = threading.Lock()
@@ -147,7 +162,7 @@ _kernels: dict[tuple[int, str], Kernel] = {}
 
 def get_kernel(name: str, device: Device) -> Kernel:
     """The kernel `name` in the current context (call inside `on_device(device)`); its
-    module is loaded on first use and cached per context."""
+    module is loaded and its attributes set on first use, cached per context."""
     ctx = hot().current_context()
     kernel = _kernels.get((ctx, name))
     if kernel is not None:
@@ -156,11 +171,15 @@ def get_kernel(name: str, device: Device) -> Kernel:
     if family is None:
         raise KeyError(f"kernel {name!r} is not in ptx/manifest.json")
     with _cache_lock:
+        kernel = _kernels.get((ctx, name))
+        if kernel is not None:
+            return kernel
         loaded = _modules.get((ctx, family))
         if loaded is None:
             loaded = _modules[(ctx, family)] = _load_module(device, family)
         module, arch = loaded
-        kernel = Kernel(name, call(cu.cuModuleGetFunction, module, name.encode()), arch)
+        function = call(cu.cuModuleGetFunction, module, name.encode())
+        kernel = Kernel(name, function, arch, _configure(function, device, family))
         _kernels[(ctx, name)] = kernel
     return kernel
 

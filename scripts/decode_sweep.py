@@ -79,6 +79,7 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed
     import ptxattn
     from bench_common import rotation_count, time_ms
     from ptxattn.ops import decode as decode_module
+    from ptxattn.ops.prepared import clear_bindings
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     lens = (torch.randint(1, capacity + 1, (batch,), dtype=torch.int32, device="cuda", generator=gen) if uniform
@@ -129,6 +130,7 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed
             continue
         seen[key] = label.split(None, 1)[1]
         decode_module.plan_decode = lambda **kw: shipped_plan(**{**kw, **override})
+        clear_bindings()  # eager calls replan with the override
         graphs = []
         try:
             step(0)  # outside capture: loads modules, grows the arena
@@ -150,6 +152,7 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed
             for g in graphs:
                 g.close()
             decode_module.plan_decode = shipped_plan
+            clear_bindings()
         resident = (dev.max_shared_per_block_optin + 1024) // (plan.shared_bytes + 1024)
         ctas = plan.grid[0] * plan.grid[1] * plan.grid[2]
         mark = "*" if key == (default.grid, default.stages) else " "

@@ -15,7 +15,6 @@ candidate first (seconds each): allow for it in a device call's time limit.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
@@ -123,9 +122,8 @@ def run(ptx_path: Path) -> None:
 
         report("torch flash (FA2)", "-", lambda: flash(q, k, v, is_causal=causal, enable_gqa=group > 1),
                writes_out=False)
-        params = attention._bind(qd, kd, vd, od, None, None, None, scale=1 / math.sqrt(d), softcap=0.0,
-                                 diag_offset=0, left=attention._UNBOUNDED,
-                                 right=0 if causal else attention._UNBOUNDED, vector_io=True)
+        # The shipped call's bound parameters serve every candidate kernel of this shape.
+        params = ptxattn.prepare(ptxattn.sdpa, qd, kd, vd, causal=causal, out=od, stream=stream).launches[0].params
         for kernel, rows, threads, smem, dim, is_shipped in candidates:
             if dim != d:
                 continue

@@ -118,14 +118,15 @@ def test_decode_seq_lens(lens, match):
 
 
 @pytest.mark.parametrize("options, match", [
-    ({"scale": float("nan")}, "decode: scale must be a finite number or None"),
-    ({"scale": "1"}, "decode: scale must be a finite number or None"),
-    ({"softcap": -1.0}, r"decode: softcap must be a finite number >= 0"),
-    ({"window": 4}, r"decode: window must be None or \(left, right\)"),
-    ({"window": (-2, 0)}, r"decode: window must be None or \(left, right\)"),
-    ({"window": (1.5, 0)}, r"decode: window must be None or \(left, right\)"),
-    ({"sinks": np.zeros(3, np.float32)}, r"decode: sinks must have shape \(8,\)"),
-    ({"sinks": np.zeros(8, np.int32)}, "decode: sinks must be floating point, got int32"),
+    ({"scale": float("nan")}, "decode: scale must be finite, got nan"),
+    ({"scale": "1"}, "decode: scale must be a number or None, got '1'"),
+    ({"scale": True}, "decode: scale must be a number or None, got True"),
+    ({"softcap": -1.0}, r"decode: softcap must be finite and >= 0"),
+    ({"window": 4}, r"decode: window must be None or a pair \(left, right\)"),
+    ({"window": (-2, 0)}, r"decode: window entries must be >= 0, or -1 / None for unbounded, got \(-2, 0\)"),
+    ({"window": (1.5, 0)}, r"decode: window must be None or a pair \(left, right\)"),
+    ({"sinks": np.zeros(3, np.float32)}, r"decode: sinks must be float32 of shape \(8,\).*got float32 \(3,\)"),
+    ({"sinks": np.zeros(8, np.float64)}, r"decode: sinks must be float32 of shape \(8,\).*got float64 \(8,\)"),
     ({"out": np.empty((B, HQ, SQ, 32), np.float16)}, r"decode: out must be \(2, 8, 1, 64\) float16"),
     ({"out_lse": np.empty((B, HQ), np.float32)}, r"decode: out_lse must be \(2, 8, 1\) float32"),
 ])
@@ -230,7 +231,7 @@ def test_paged_pool_dtype():
 
 
 def test_paged_window():
-    with pytest.raises(ValueError, match=r"paged_decode: window must be None or \(left, right\)"):
+    with pytest.raises(TypeError, match=r"paged_decode: window must be None or a pair \(left, right\)"):
         run_paged({"window": (1, 2, 3)})
 
 
@@ -309,7 +310,7 @@ def test_merge_n_rank():
 
 def test_merge_sinks_shape():
     o, lse = host((2, B, HQ, SQ, D)), np.zeros((2, B, HQ, SQ), np.float32)
-    with pytest.raises(ValueError, match=r"merge_states_n: sinks must have shape \(8,\)"):
+    with pytest.raises(TypeError, match=r"merge_states_n: sinks must be float32 of shape \(8,\)"):
         ptxattn.merge_states_n(o, lse, sinks=np.zeros(2, np.float32))
 
 

@@ -10,7 +10,7 @@ import pytest
 import ptxattn
 from ptxattn.context import on_device
 from ptxattn.driver import CudaError, call, cu
-from ptxattn.memory import CaptureAllocationError, WorkspaceArena, live_device_bytes
+from ptxattn.memory import live_device_bytes
 from ptxattn.ops.probe import ProbeParams, probe_kernel
 
 pytestmark = pytest.mark.gpu
@@ -157,16 +157,24 @@ def test_graph_capture_replay_update(dev):
         assert int(cell.get(s)[0]) == 22
 
 
-def test_arena_refuses_to_grow_while_capturing(dev):
+def test_pool_buffers_are_stream_ordered(dev):
+    """A buffer made on a stream comes from ptxattn's pool and goes back to it in the stream's
+    order: allocation, use and release queue behind a long kernel without waiting for it."""
+    from ptxattn.memory import DeviceBuffer, pool_bytes_in_use
+
     with on_device(dev):
         s = ptxattn.Stream.create()
-        arena = WorkspaceArena(dev, s)
-        base = arena.reserve(1000)
-        with ptxattn.capture(s, dev):
-            assert arena.reserve(512) == base  # fits: no allocation
-            with pytest.raises(CaptureAllocationError, match=r"asked for 4,096 bytes, it holds 1,024"):
-                arena.reserve(4096)
-        arena.release()
+        s.synchronize()
+        before = pool_bytes_in_use(dev), live_device_bytes()
+        buffer = DeviceBuffer(1 << 20, dev, s)
+        assert pool_bytes_in_use(dev) >= before[0] + (1 << 20)
+        call(cu.cuMemsetD8Async, buffer.ptr, 7, 1 << 20, s.handle)
+        host = np.zeros(16, np.uint8)
+        call(cu.cuMemcpyDtoHAsync, host.ctypes.data, buffer.ptr, 16, s.handle)
+        buffer.close()
+        s.synchronize()
+        assert (host == 7).all()
+        assert (pool_bytes_in_use(dev), live_device_bytes()) == before
 
 
 def test_out_of_memory_names_bytes(dev):

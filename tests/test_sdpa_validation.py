@@ -43,13 +43,16 @@ def test_option_errors():
     q, k, v = _qkv()
     _raises(ValueError, r"causal_align must be 'top_left' or 'bottom_right', got 'diagonal'",
             q, k, v, causal=True, causal_align="diagonal")
-    _raises(TypeError, r"causal must be a bool, got 'yes'", q, k, v, causal="yes")
-    _raises(TypeError, r"window must be a pair of ints \(left, right\), got \(1, 2, 3\)", q, k, v, window=(1, 2, 3))
-    _raises(TypeError, r"window must be a pair of ints", q, k, v, window=(1.5, 2))
-    _raises(ValueError, r"window entries must be >= 0, or -1 for unbounded, got \(-2, 0\)", q, k, v, window=(-2, 0))
-    _raises(ValueError, r"scale must be a finite number or None, got nan", q, k, v, scale=float("nan"))
-    _raises(ValueError, r"softcap must be a finite number >= 0 \(0 = off\), got -1.0", q, k, v, softcap=-1.0)
-    _raises(TypeError, r"return_lse must be a bool, got 1", q, k, v, return_lse=1)
+    _raises(TypeError, r"causal must be True or False, got 'yes'", q, k, v, causal="yes")
+    _raises(TypeError, r"window must be None or a pair \(left, right\) of ints or None, got \(1, 2, 3\)", q, k, v,
+            window=(1, 2, 3))
+    _raises(TypeError, r"window must be None or a pair", q, k, v, window=(1.5, 2))
+    _raises(ValueError, r"window entries must be >= 0, or -1 / None for unbounded, got \(-2, 0\)", q, k, v,
+            window=(-2, 0))
+    _raises(ValueError, r"scale must be finite, got nan", q, k, v, scale=float("nan"))
+    _raises(TypeError, r"scale must be a number or None, got True", q, k, v, scale=True)
+    _raises(ValueError, r"softcap must be finite and >= 0 \(0 = off\), got -1.0", q, k, v, softcap=-1.0)
+    _raises(TypeError, r"return_lse must be True or False, got 1", q, k, v, return_lse=1)
 
 
 def test_mask_errors():
@@ -65,11 +68,15 @@ def test_mask_errors():
 
 def test_sinks_and_out_errors():
     q, k, v = _qkv()
-    _raises(ValueError, r"sinks must be float32 \[Hq=4\], got float32 \(2,\)", q, k, v, sinks=np.zeros(2, np.float32))
-    _raises(ValueError, r"sinks must be float32 \[Hq=4\], got float64 \(4,\)", q, k, v, sinks=np.zeros(4))
-    _raises(ValueError, r"out must be float16 \[B, Hq, Sq, Dv\] = \(1, 4, 3, 8\), got float16 \(1, 4, 3, 7\)",
+    _raises(TypeError, r"sinks must be float32 of shape \(4,\) .*got float32 \(2,\)", q, k, v,
+            sinks=np.zeros(2, np.float32))
+    _raises(TypeError, r"sinks must be float32 of shape \(4,\) .*got float64 \(4,\)", q, k, v, sinks=np.zeros(4))
+    _raises(ValueError, r"out must be \(1, 4, 3, 8\) float16, got \(1, 4, 3, 7\) float16",
             q, k, v, out=np.empty((1, 4, 3, 7), np.float16))
-    _raises(ValueError, r"out must be float16 .* got float32", q, k, v, out=np.empty((1, 4, 3, 8), np.float32))
+    _raises(ValueError, r"out must be \(1, 4, 3, 8\) float16, got .* float32", q, k, v,
+            out=np.empty((1, 4, 3, 8), np.float32))
+    _raises(ValueError, r"out_lse must be \(1, 4, 3\) float32, got \(1, 4\) float32", q, k, v,
+            out_lse=np.empty((1, 4), np.float32))
 
 
 def test_mixed_host_and_device_arrays_are_refused():
@@ -87,30 +94,15 @@ def test_param_struct_matches_the_kernel_layout():
     assert attention._FlashFwdParams.scale.offset == 7 * 8 + 16 * 8 + 10 * 4
 
 
-def test_bind_packs_every_field_in_order():
-    class Fake:  # what _bind reads from a DeviceArray
-        def __init__(self, ptr, shape, strides, dtype=np.float16):
+def test_vector_io_needs_aligned_rows():
+    class Fake:  # what _vector_io_ok reads from a DeviceArray
+        def __init__(self, ptr, shape, strides):
             self.ptr, self.shape, self.element_strides = ptr, shape, strides
-            self.dtype, self.ndim = np.dtype(dtype), len(shape)
     q = Fake(1024, (2, 8, 5, 64), (2560, 320, 64, 1))
-    k = Fake(2048, (2, 4, 7, 64), (1792, 448, 64, 1))
-    v = Fake(4096, (2, 4, 7, 32), (896, 224, 32, 1))
     o = Fake(8192, (2, 8, 5, 32), (1280, 160, 32, 1))
-    mask = Fake(16384, (5, 7), (7, 1), np.bool_)
-    lse, sinks = Fake(32768, (2, 8, 5), (40, 5, 1)), Fake(65536, (8,), (1,))
-    p = attention._bind(q, k, v, o, lse, mask, sinks, scale=0.5, softcap=2.0, diag_offset=2, left=3, right=0,
-                        vector_io=True)
-    got = [getattr(p, name) for name, _ in attention._FlashFwdParams._fields_]
-    assert got == [1024, 2048, 4096, 8192, 32768, 16384, 65536, 2560, 320, 64, 1792, 448, 64,
-                   896, 224, 32, 1280, 160, 32, 0, 0, 7, 1, 8, 4, 5, 7, 64, 32, 1, 2, 3, 0,
-                   0.5, 2.0, 1, 1]
-    misaligned_o = Fake(8200, o.shape, o.element_strides)
-    assert attention._vector_io_ok((q, k, v, o))
-    assert not attention._vector_io_ok((q, k, v, misaligned_o))
-    bare = attention._bind(q, k, v, misaligned_o, None, None, None, scale=1.0, softcap=0.0, diag_offset=0,
-                           left=5, right=attention._UNBOUNDED, vector_io=False)
-    assert (bare.lse, bare.mask, bare.sinks, bare.mask_kind) == (None, None, None, 0)
-    assert (bare.vector_io, bare.heavy_first) == (0, 0)
+    assert attention._vector_io_ok((q, o, None))
+    assert not attention._vector_io_ok((q, Fake(8200, o.shape, o.element_strides)))
+    assert not attention._vector_io_ok((q, Fake(8192, o.shape, (1280, 160, 36, 1))))
 
 
 @pytest.mark.parametrize("dqk,dv,suffix", [
@@ -162,8 +154,11 @@ def test_plan_wgmma_kernel_on_sm90():
 
 
 def test_window_bounds():
-    unbounded = attention._UNBOUNDED
-    assert attention._window_bounds(False, None) == (unbounded, unbounded)
-    assert attention._window_bounds(True, None) == (unbounded, 0)
-    assert attention._window_bounds(True, (5, 3)) == (5, 0)
-    assert attention._window_bounds(False, (-1, 7)) == (unbounded, 7)
+    from ptxattn.ops.checks import UNBOUNDED_WINDOW as unbounded, parse_window
+
+    assert parse_window("sdpa", None) == (unbounded, unbounded)
+    assert parse_window("sdpa", None, causal=True) == (unbounded, 0)
+    assert parse_window("sdpa", (5, 3), causal=True) == (5, 0)
+    assert parse_window("sdpa", (-1, 7)) == (unbounded, 7)
+    assert parse_window("sdpa", (None, 0)) == (unbounded, 0)
+    assert parse_window("sdpa", (2**40, 0)) == (unbounded, 0)

@@ -7,27 +7,25 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import math
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..array import DeviceArray
-from ..context import on_device
 from ..dtypes import bfloat16
-from ..module import ParamStruct, get_kernel, loaded_arch
-from ._io import gather
+from ..module import ParamStruct, loaded_arch
+from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_nonnegative_strides,
+                     check_output, check_sinks, check_unit_last_stride, parse_scale, parse_softcap, parse_window,
+                     require)
+from .prepared import Op
 
 __all__ = ["sdpa"]
 
-_FLOAT_DTYPES = (np.dtype(np.float16), bfloat16, np.dtype(np.float32))
 _DTYPE_NAME = {np.dtype(np.float16): "f16", bfloat16: "bf16", np.dtype(np.float32): "f32"}
 # MaskKind in cu/attention_common.cuh.
 _MASK_KIND = {np.dtype(np.bool_): 1, np.dtype(np.float32): 2, np.dtype(np.float16): 3, bfloat16: 4}
-_UNBOUNDED = 1 << 30  # kUnboundedWindow in cu/attention_common.cuh
 _MAX_HEAD_DIM = 256
-_MAX_GRID_YZ = 65535
 _F32_WARPS = 4  # F32_WARPS in cu/flash_fwd.cu
 
 
@@ -126,23 +124,13 @@ class _FlashFwdParams(ParamStruct):
 
 
 # ---- validation (host only, before any device work) ---------------------------------
-def _element_strides(arr) -> tuple[int, ...]:
-    if isinstance(arr, DeviceArray):
-        return arr.element_strides
-    return tuple(s // arr.itemsize for s in arr.strides)
-
-
 def _check_tensor(name: str, arr, dims: str) -> None:
+    require("sdpa", name, arr)
     if arr.ndim != 4:
         raise ValueError(f"sdpa: {name} must be 4-d {dims}, got shape {tuple(arr.shape)}")
-    if np.dtype(arr.dtype) not in _FLOAT_DTYPES:
-        raise TypeError(f"sdpa: {name} must be float16, bfloat16 or float32, got {arr.dtype}")
-    if isinstance(arr, DeviceArray):
-        strides = arr.element_strides
-        if arr.shape[3] > 1 and strides[3] != 1:
-            raise ValueError(f"sdpa: {name} must have a unit stride on its last axis, got element strides {strides}")
-        if any(s < 0 for s in strides):
-            raise ValueError(f"sdpa: {name} must have non-negative strides, got element strides {strides}")
+    check_attention_dtype("sdpa", name, arr)
+    check_unit_last_stride("sdpa", name, arr)
+    check_nonnegative_strides("sdpa", name, arr)
 
 
 def _check_mask(mask, full: tuple[int, int, int, int]) -> None:
@@ -155,40 +143,22 @@ def _check_mask(mask, full: tuple[int, int, int, int]) -> None:
             raise ValueError(
                 f"sdpa: attn_mask of shape {tuple(mask.shape)} does not broadcast to [B, Hq, Sq, Skv] = {full}"
             )
-    if isinstance(mask, DeviceArray) and any(s < 0 for s in mask.element_strides):
-        raise ValueError(f"sdpa: attn_mask must have non-negative strides, got element strides {mask.element_strides}")
+    check_nonnegative_strides("sdpa", "attn_mask", mask)
 
 
-def _window_bounds(causal: bool, window) -> tuple[int, int]:
-    """(left, right) in keys for the kernel, _UNBOUNDED meaning no limit."""
-    left = right = _UNBOUNDED
-    if window is not None:
-        if (not isinstance(window, (tuple, list)) or len(window) != 2
-                or not all(isinstance(w, (int, np.integer)) and not isinstance(w, bool) for w in window)):
-            raise TypeError(f"sdpa: window must be a pair of ints (left, right), got {window!r}")
-        if any(w < -1 for w in window):
-            raise ValueError(f"sdpa: window entries must be >= 0, or -1 for unbounded, got {tuple(window)}")
-        left, right = (_UNBOUNDED if w < 0 else min(int(w), _UNBOUNDED) for w in window)
-    if causal:
-        right = 0
-    return left, right
+@dataclass(frozen=True)
+class _Checked:
+    left: int
+    right: int
+    scale: float
+    softcap: float
+    diag_offset: int
+    with_lse: bool  # LSE is written (return_lse, or out_lse given)
+    return_lse: bool
 
 
-def _check_options(causal, causal_align, scale, softcap, return_lse) -> None:
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"sdpa: causal must be a bool, got {causal!r}")
-    if causal_align not in ("top_left", "bottom_right"):
-        raise ValueError(f"sdpa: causal_align must be 'top_left' or 'bottom_right', got {causal_align!r}")
-    if scale is not None and not (isinstance(scale, (int, float, np.floating, np.integer)) and math.isfinite(scale)):
-        raise ValueError(f"sdpa: scale must be a finite number or None, got {scale!r}")
-    if not (isinstance(softcap, (int, float, np.floating, np.integer)) and math.isfinite(softcap) and softcap >= 0):
-        raise ValueError(f"sdpa: softcap must be a finite number >= 0 (0 = off), got {softcap!r}")
-    if not isinstance(return_lse, (bool, np.bool_)):
-        raise TypeError(f"sdpa: return_lse must be a bool, got {return_lse!r}")
-
-
-def _validate(call, causal, causal_align, window, scale, softcap, return_lse):
-    a = call.arrays
+def _validate(a: dict, causal, causal_align, window, scale, softcap, return_lse, on_host: bool = False) -> _Checked:
+    op = "sdpa"
     q, k, v = a["q"], a["k"], a["v"]
     _check_tensor("q", q, "[B, Hq, Sq, Dqk]")
     _check_tensor("k", k, "[B, Hkv, Skv, Dqk]")
@@ -207,27 +177,23 @@ def _validate(call, causal, causal_align, window, scale, softcap, return_lse):
     for name, dim in (("Dqk", dqk), ("Dv", dv)):
         if not 1 <= dim <= _MAX_HEAD_DIM:
             raise ValueError(f"sdpa: head dim {name} must be in 1..{_MAX_HEAD_DIM}, got {dim}")
-    if batch > _MAX_GRID_YZ or hq > _MAX_GRID_YZ:
-        raise ValueError(f"sdpa: B and Hq must each be <= {_MAX_GRID_YZ}, got B={batch}, Hq={hq}")
-    if max(sq, skv) >= 2**31 - _UNBOUNDED:
-        raise ValueError(f"sdpa: Sq and Skv must be < {2**31 - _UNBOUNDED}, got Sq={sq}, Skv={skv}")
-    _check_options(causal, causal_align, scale, softcap, return_lse)
-    left, right = _window_bounds(causal, window)
-    if "attn_mask" in a:
+    if batch > MAX_GRID_YZ or hq > MAX_GRID_YZ:
+        raise ValueError(f"sdpa: B and Hq must each be <= {MAX_GRID_YZ}, got B={batch}, Hq={hq}")
+    if max(sq, skv) >= 2**31 - UNBOUNDED_WINDOW:
+        raise ValueError(f"sdpa: Sq and Skv must be < {2**31 - UNBOUNDED_WINDOW}, got Sq={sq}, Skv={skv}")
+    causal = check_flag(op, "causal", causal)
+    if causal_align not in ("top_left", "bottom_right"):
+        raise ValueError(f"sdpa: causal_align must be 'top_left' or 'bottom_right', got {causal_align!r}")
+    return_lse = check_flag(op, "return_lse", return_lse)
+    left, right = parse_window(op, window, causal)
+    if a["attn_mask"] is not None:
         _check_mask(a["attn_mask"], (batch, hq, sq, skv))
-    if "sinks" in a:
-        s = a["sinks"]
-        if tuple(s.shape) != (hq,) or np.dtype(s.dtype) != np.float32:
-            raise ValueError(f"sdpa: sinks must be float32 [Hq={hq}], got {s.dtype} {tuple(s.shape)}")
-        if isinstance(s, DeviceArray) and hq > 1 and s.element_strides[0] != 1:
-            raise ValueError(f"sdpa: sinks must be contiguous, got element strides {s.element_strides}")
-    if "out" in a:
-        o = a["out"]
-        if tuple(o.shape) != (batch, hq, sq, dv) or o.dtype != q.dtype:
-            raise ValueError(f"sdpa: out must be {q.dtype} [B, Hq, Sq, Dv] = {(batch, hq, sq, dv)}, "
-                             f"got {o.dtype} {tuple(o.shape)}")
-        _check_tensor("out", o, "[B, Hq, Sq, Dv]")
-    return left, right
+    check_sinks(op, a["sinks"], hq)
+    check_output(op, "out", a["out"], (batch, hq, sq, dv), q.dtype)
+    check_output(op, "out_lse", a["out_lse"], (batch, hq, sq), np.float32)
+    return _Checked(left, right, parse_scale(op, scale, dqk), parse_softcap(op, softcap),
+                    skv - sq if causal_align == "bottom_right" else 0, return_lse or a["out_lse"] is not None,
+                    return_lse)
 
 
 # ---- planning ----------------------------------------------------------------------
@@ -235,7 +201,6 @@ def _pick_variant(dqk: int, dv: int) -> _Variant:
     return next(v for v in _VARIANTS if dqk <= v.dim_qk and dv <= v.dim_v)
 
 
-@functools.lru_cache(maxsize=512)
 def _plan(dtype, batch, hq, sq, dqk, dv, general, wgmma):
     """(kernel name, grid, block, shared bytes) for one call shape; `general` picks the
     per-element score path (mask, softcap or scale <= 0); `wgmma` says the device runs the
@@ -261,8 +226,11 @@ def _runs_wgmma(device) -> bool:
 
 
 def _vector_io_ok(arrays) -> bool:
-    """16-byte cp.async/stores are safe: bases aligned and every row start on 8 elements."""
+    """16-byte cp.async/stores are safe: bases aligned and every row start on 8 elements
+    (an output the call makes itself is contiguous and 256-byte aligned: None here)."""
     for arr in arrays:
+        if arr is None:
+            continue
         if arr.ptr % 16:
             return False
         for n, stride in zip(arr.shape[:3], arr.element_strides[:3]):
@@ -278,33 +246,59 @@ def _mask_strides(mask: DeviceArray) -> tuple[int, int, int, int]:
     return tuple(strides)
 
 
+def _contiguous(shape) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(int(n), 1)
+    return tuple(reversed(strides))
+
+
+def _bind(binding, a: dict, c: _Checked, *_options) -> None:
+    q, k, v, out, mask = a["q"], a["k"], a["v"], a["out"], a["attn_mask"]
+    batch, hq, sq, dqk = q.shape
+    _, hkv, skv, _ = k.shape
+    dv = v.shape[3]
+    dtype = np.dtype(q.dtype)
+    binding.make("out", (batch, hq, sq, dv), dtype)
+    if c.with_lse:
+        binding.make("out_lse", (batch, hq, sq), np.float32)
+    binding.result(*(("out", "out_lse") if c.return_lse else ("out",)), as_tuple=c.return_lse)
+    if batch * hq * sq * dv == 0:
+        return
+    vector_io = dtype != np.float32 and _vector_io_ok((q, k, v, out))
+    general = mask is not None or c.softcap > 0 or c.scale <= 0
+    name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv, general,
+                                      vector_io and _runs_wgmma(binding.device))
+    o_strides = out.element_strides if out is not None else _contiguous((batch, hq, sq, dv))
+    mask_kind, mask_strides = (0, (0, 0, 0, 0)) if mask is None else (_MASK_KIND[np.dtype(mask.dtype)],
+                                                                      _mask_strides(mask))
+    params = _FlashFwdParams()
+    _PARAMS_LAYOUT.pack_into(
+        params, 0, 0, 0, 0, 0, 0, 0, 0,  # pointers: written by every run
+        *q.element_strides[:3], *k.element_strides[:3], *v.element_strides[:3], *o_strides[:3], *mask_strides,
+        hq, hkv, sq, skv, dqk, dv, mask_kind, c.diag_offset, c.left, c.right, c.scale, c.softcap,
+        int(vector_io),
+        # A bounded right edge means later query blocks see more keys: start them first.
+        int(c.right < UNBOUNDED_WINDOW),
+    )
+    launch = binding.launch(name, grid, block, params, shared)
+    for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
+                        ("attn_mask", "mask"), ("sinks", "sinks")):
+        if a[name] is not None or name == "out" or (name == "out_lse" and c.with_lse):
+            binding.point(name, launch, field)
+
+
 # The parameter struct's bytes in _fields_ order, native alignment (as ctypes lays it out).
 _PARAMS_LAYOUT = struct.Struct("@" + "".join(ctype._type_ for _, ctype in _FlashFwdParams._fields_))
 
-
-def _bind(q, k, v, o, lse, mask, sinks, *, scale, softcap, diag_offset, left, right, vector_io) -> _FlashFwdParams:
-    strides = [arr.element_strides for arr in (q, k, v, o)]
-    mask_ptr, mask_kind, mask_strides = (0, 0, (0, 0, 0, 0)) if mask is None else (
-        mask.ptr, _MASK_KIND[np.dtype(mask.dtype)], _mask_strides(mask))
-    _, hq, sq, dqk = q.shape
-    _, hkv, skv, _ = k.shape
-    p = _FlashFwdParams()
-    # One pack into the struct's buffer costs a fraction of ~40 ctypes field stores, and
-    # this runs on every call.
-    _PARAMS_LAYOUT.pack_into(
-        p, 0, q.ptr, k.ptr, v.ptr, o.ptr, 0 if lse is None else lse.ptr, mask_ptr,
-        0 if sinks is None else sinks.ptr,
-        *strides[0][:3], *strides[1][:3], *strides[2][:3], *strides[3][:3], *mask_strides,
-        hq, hkv, sq, skv, dqk, v.shape[3], mask_kind, diag_offset, left, right, scale, softcap,
-        int(vector_io),
-        # A bounded right edge means later query blocks see more keys: start them first.
-        int(right < _UNBOUNDED),
-    )
-    return p
+_SDPA = Op("sdpa", ("q", "k", "v", "attn_mask", "sinks", "out", "out_lse"),
+           ("causal", "causal_align", "window", "scale", "softcap", "return_lse"),
+           outputs=("out", "out_lse"), validate=_validate, bind=_bind)
 
 
 def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", window=None,
-         scale=None, softcap=0.0, sinks=None, return_lse=False, out=None, stream=None):
+         scale=None, softcap=0.0, sinks=None, return_lse=False, out=None, out_lse=None, stream=None):
     """Scaled dot-product attention.
 
     q [B, Hq, Sq, Dqk], k [B, Hkv, Skv, Dqk], v [B, Hkv, Skv, Dv] (f16, bf16 or f32; any
@@ -316,40 +310,12 @@ def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", wind
     attn_mask: bool (True = attend) or additive float32/float16/bfloat16, any rank <= 4
     broadcastable to [B, Hq, Sq, Skv]. causal with causal_align "top_left" (PyTorch) or
     "bottom_right" (FlashAttention); window=(left, right) keys around the aligned diagonal
-    (-1 = unbounded). scale defaults to 1/sqrt(Dqk); softcap applies cap*tanh(s/cap) to
-    scaled scores (0 = off); sinks float32 [Hq] join the softmax denominator only.
+    (-1 or None = unbounded). scale defaults to 1/sqrt(Dqk); softcap applies cap*tanh(s/cap)
+    to scaled scores (0 = off); sinks float32 [Hq] join the softmax denominator only.
+    out / out_lse: preallocated outputs (out_lse is written whenever given).
     """
-    call = gather("sdpa", stream, q=q, k=k, v=v, attn_mask=attn_mask, sinks=sinks, out=out)
-    left, right = _validate(call, causal, causal_align, window, scale, softcap, return_lse)
-    a = call.arrays
-    batch, hq, sq, dqk = a["q"].shape
-    skv, dv = a["k"].shape[2], a["v"].shape[3]
-    dtype = np.dtype(a["q"].dtype)
-    scale = 1.0 / math.sqrt(dqk) if scale is None else float(scale)
+    return _SDPA((q, k, v, attn_mask, sinks, out, out_lse), (causal, causal_align, window, scale, softcap,
+                                                              return_lse), stream)
 
-    with on_device(call.device):
-        o = call.output((batch, hq, sq, dv), dtype, out)
-        lse = call.output((batch, hq, sq), np.float32, name="lse") if return_lse else None
-        if o.size:
-            # Named, so uploads of NumPy inputs stay alive until finish() has synchronized.
-            inputs = {n: call.to_device(n) for n in ("q", "k", "v", "attn_mask", "sinks") if n in a}
-            tensors = (inputs["q"], inputs["k"], inputs["v"], o)
-            vector_io = dtype != np.float32 and _vector_io_ok(tensors)
-            general = "attn_mask" in a or softcap > 0 or scale <= 0
-            name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv, general,
-                                              vector_io and _runs_wgmma(call.device))
-            if shared > call.device.max_shared_per_block_optin:
-                raise RuntimeError(
-                    f"sdpa: {name} needs {shared} bytes of shared memory per block, "
-                    f"{call.device.name} offers {call.device.max_shared_per_block_optin}"
-                )
-            params = _bind(
-                *tensors, lse, inputs.get("attn_mask"), inputs.get("sinks"), scale=scale,
-                softcap=float(softcap), left=left, right=right, vector_io=vector_io,
-                diag_offset=skv - sq if causal_align == "bottom_right" else 0,
-            )
-            get_kernel(name, call.device).launch(grid, block, params, call.stream, shared)
-        o_result = call.finish(o, out)
-        if lse is None:
-            return o_result
-        return o_result, call.finish(lse)
+
+sdpa.op = _SDPA

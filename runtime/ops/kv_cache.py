@@ -15,16 +15,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..array import DeviceArray
-from ..context import on_device
-from ..dtypes import bfloat16
-from ..faults import check_faults, fault_buffer
-from ..module import ParamStruct, get_kernel
-from ._io import OpCall, gather
+from ..faults import fault_buffer
+from ..module import ParamStruct
+from .checks import (check_attention_dtype, check_flag, check_host_values, check_index_array, check_rank,
+                     check_row_bytes, check_same_dtype, parse_layout, require)
+from .prepared import Op
 
-__all__ = ["kv_append", "CacheShape", "cache_shape", "cache_strides", "parse_layout"]
+__all__ = ["kv_append", "CacheShape", "cache_shape", "cache_strides"]
 
-LAYOUTS = ("HND", "NHD")
-ATTENTION_DTYPES = {np.dtype(np.float16): "f16", bfloat16: "bf16", np.dtype(np.float32): "f32"}
 APPEND_THREADS = 256
 APPEND_GRID_CAP = 4096  # kv_append loops past it (grid-stride)
 ADVANCE_THREADS = 128
@@ -48,59 +46,6 @@ class KvAppendParams(ParamStruct):
     ]
 
 
-# ---- validation shared by every KV-cache op -------------------------------------------------
-def parse_layout(op: str, layout) -> tuple[str, str]:
-    """(k_layout, v_layout) from "HND" / "NHD" or a pair of them."""
-    pair = (layout, layout) if isinstance(layout, str) else tuple(layout) if isinstance(layout, (tuple, list)) else None
-    if pair is None or len(pair) != 2 or any(x not in LAYOUTS for x in pair):
-        raise ValueError(f"{op}: layout must be 'HND', 'NHD' or a (k_layout, v_layout) pair of them, got {layout!r}")
-    return pair
-
-
-def check_rank(op: str, name: str, arr, rank: int, what: str) -> None:
-    if arr.ndim != rank:
-        raise ValueError(f"{op}: {name} must be {rank}-d {what}, got shape {tuple(arr.shape)}")
-
-
-def check_attention_dtype(op: str, name: str, arr) -> None:
-    if np.dtype(arr.dtype) not in ATTENTION_DTYPES:
-        raise TypeError(f"{op}: {name} must be float16, bfloat16 or float32, got {arr.dtype}")
-
-
-def check_same_dtype(op: str, name: str, arr, ref_name: str, ref) -> None:
-    if np.dtype(arr.dtype) != np.dtype(ref.dtype):
-        raise TypeError(f"{op}: {name} must have {ref_name}'s dtype {ref.dtype}, got {arr.dtype}")
-
-
-def check_index_array(op: str, name: str, arr, shape, dtypes=(np.int32,)) -> None:
-    allowed = [np.dtype(d) for d in dtypes]
-    if np.dtype(arr.dtype) not in allowed:
-        raise TypeError(f"{op}: {name} must be {' or '.join(str(d) for d in allowed)}, got {arr.dtype}")
-    if tuple(arr.shape) != tuple(shape):
-        raise ValueError(f"{op}: {name} must have shape {tuple(shape)}, got {tuple(arr.shape)}")
-    if isinstance(arr, DeviceArray) and arr.ndim == 1 and arr.shape[0] > 1 and arr.strides[0] != arr.itemsize:
-        raise ValueError(f"{op}: {name} must be contiguous, got strides {arr.strides}")
-
-
-def check_row_bytes(op: str, name: str, arr) -> None:
-    """The kernels move 16 bytes at a time: rows of a multiple of 16 bytes, and for device
-    arrays a contiguous last axis with 16-byte aligned rows."""
-    dim = arr.shape[-1]
-    if dim == 0 or dim * arr.dtype.itemsize % 16:
-        per = 16 // arr.dtype.itemsize
-        raise ValueError(f"{op}: {name}'s last axis must be a positive multiple of {per} for {arr.dtype} "
-                         f"(16-byte rows), got {dim}")
-    if not isinstance(arr, DeviceArray):
-        return
-    if arr.strides[-1] != arr.itemsize:
-        raise ValueError(f"{op}: {name} must have a contiguous last axis (stride {arr.itemsize} bytes), "
-                         f"got strides {arr.strides}")
-    misaligned = [s for n, s in zip(arr.shape[:-1], arr.strides[:-1]) if n > 1 and s % 16]
-    if arr.ptr % 16 or misaligned:
-        raise ValueError(f"{op}: {name} must start on a 16-byte boundary and have strides that are "
-                         f"multiples of 16 bytes, got address 0x{arr.ptr:x}, strides {arr.strides}")
-
-
 @dataclass(frozen=True)
 class CacheShape:
     """A cache or pool seen as pages of tokens: (pages, heads, tokens per page, dim)."""
@@ -112,6 +57,7 @@ class CacheShape:
 
 
 def cache_shape(op: str, name: str, arr, layout: str) -> CacheShape:
+    require(op, name, arr)
     check_rank(op, name, arr, 4, f"({'[pages, Hkv, tokens, D]' if layout == 'HND' else '[pages, tokens, Hkv, D]'} "
                                  f"for layout {layout})")
     pages, a, b, dim = (int(n) for n in arr.shape)
@@ -130,47 +76,43 @@ def new_tokens_strides(arr: DeviceArray) -> tuple[int, int, int]:
     return (es[0], es[1], es[2]) if arr.ndim == 4 else (es[0], es[1], 0)
 
 
-# ---- launching --------------------------------------------------------------------------------
-def launch_append(call: OpCall, params: KvAppendParams, rows: int, tokens: int, heads: int,
-                  chunks_per_head: int, advance: bool) -> None:
+def check_writable(op: str, a: dict, names) -> None:
+    """NumPy arrays an op updates in place must be writable (checked before any upload)."""
+    for name in names:
+        arr = a[name]
+        if isinstance(arr, np.ndarray) and not arr.flags.writeable:
+            raise ValueError(f"{op}: {name} is updated in place but the NumPy array is read-only")
+
+
+# ---- binding ----------------------------------------------------------------------------------
+def bind_append(binding, a: dict, names: tuple[str, str, str, str, str], params: KvAppendParams, rows: int,
+                tokens: int, heads: int, chunks_per_head: int, advance: bool) -> None:
+    """The append launch (and with `advance`, kv_advance) over `params`, whose pointer fields
+    follow `names`: (k_new, v_new, k cache or pool, v cache or pool, seq_lens or slot_mapping)."""
+    params.fault = fault_buffer(binding.device)
+    launches = []
     total = rows * tokens * heads * chunks_per_head
-    with on_device(call.device):
-        params.fault = fault_buffer(call.device)
-        if total:
-            grid = min(-(-total // APPEND_THREADS), APPEND_GRID_CAP)
-            get_kernel("kv_append", call.device).launch((grid, 1, 1), (APPEND_THREADS, 1, 1), params, call.stream)
-        if advance and rows:
-            grid = -(-rows // ADVANCE_THREADS)
-            get_kernel("kv_advance", call.device).launch((grid, 1, 1), (ADVANCE_THREADS, 1, 1), params, call.stream)
-
-
-def finish_in_place(call: OpCall, written: dict[str, DeviceArray]) -> None:
-    """Host calls: copy what the kernels wrote back into the caller's NumPy arrays, then raise
-    any device fault. Device calls run asynchronously: faults surface at check_faults()."""
-    if not call.on_host:
+    if total:
+        grid = min(-(-total // APPEND_THREADS), APPEND_GRID_CAP)
+        launches.append(binding.launch("kv_append", (grid, 1, 1), (APPEND_THREADS, 1, 1), params))
+    if advance and rows:
+        launches.append(binding.launch("kv_advance", (-(-rows // ADVANCE_THREADS), 1, 1), (ADVANCE_THREADS, 1, 1),
+                                       params))
+    if not launches:
         return
-    for name, dev in written.items():
-        call.arrays[name][...] = dev.get(call.stream)
-    check_faults(call.device, call.stream)
+    index_field = "seq_lens" if names[4] == "seq_lens" else "slot_mapping"
+    # Both launches share one struct: one set of views rewrites it for both.
+    for name, field in zip(names, ("k_new", "v_new", "k_cache", "v_cache", index_field)):
+        binding.point(name, launches[0], field)
 
 
-def kv_append(k_new, v_new, k_cache, v_cache, seq_lens, *, layout="HND", advance: bool = True, stream=None) -> None:
-    """Write k_new [B, Hkv, n, Dk] / v_new [B, Hkv, n, Dv] into each row's cache slots
-    seq_lens[b] .. seq_lens[b] + n - 1, and (advance=True) add n to seq_lens on the device.
-
-    k_cache / v_cache: [B, Hkv, capacity, D] for layout "HND", [B, capacity, Hkv, D] for
-    "NHD" (or a (k_layout, v_layout) pair); same dtype as the new keys / values. seq_lens:
-    int32 [B], read on the device, so a captured graph appends at the live position on every
-    replay. A row that would pass the capacity is not written nor advanced and is reported
-    as a DeviceFault after synchronization (NumPy calls raise it; device calls at
-    ptxattn.check_faults). NumPy arrays are updated in place.
-    """
+def _validate(a: dict, layout, advance, on_host: bool = False):
     op = "kv_append"
-    call = gather(op, stream, k_new=k_new, v_new=v_new, k_cache=k_cache, v_cache=v_cache, seq_lens=seq_lens)
-    a = call.arrays
     k_layout, v_layout = parse_layout(op, layout)
-    check_rank(op, "k_new", a["k_new"], 4, "[B, Hkv, n, Dk]")
-    check_rank(op, "v_new", a["v_new"], 4, "[B, Hkv, n, Dv]")
+    check_flag(op, "advance", advance)
+    for name, what in (("k_new", "[B, Hkv, n, Dk]"), ("v_new", "[B, Hkv, n, Dv]")):
+        require(op, name, a[name])
+        check_rank(op, name, a[name], 4, what)
     kc, vc = cache_shape(op, "k_cache", a["k_cache"], k_layout), cache_shape(op, "v_cache", a["v_cache"], v_layout)
     batch, heads, n, dk = a["k_new"].shape
     expect_v = (batch, heads, n, vc.dim)
@@ -193,15 +135,46 @@ def kv_append(k_new, v_new, k_cache, v_cache, seq_lens, *, layout="HND", advance
     check_same_dtype(op, "k_new", a["k_new"], "k_cache", a["k_cache"])
     check_same_dtype(op, "v_new", a["v_new"], "v_cache", a["v_cache"])
     check_same_dtype(op, "v_cache", a["v_cache"], "k_cache", a["k_cache"])
+    require(op, "seq_lens", a["seq_lens"])
     check_index_array(op, "seq_lens", a["seq_lens"], (batch,))
+    if on_host:
+        check_writable(op, a, ("k_cache", "v_cache", "seq_lens"))
+        check_host_values(op, "seq_lens", a["seq_lens"], 0, kc.tokens - n,
+                          f"the write position; capacity {kc.tokens}, appending {n}")
+    return k_layout, v_layout, kc, vc
 
-    dev = {name: call.to_device(name) for name in a}
-    itemsize = dev["k_cache"].itemsize
+
+def _bind(binding, a: dict, checked, layout, advance) -> None:
+    k_layout, v_layout, kc, vc = checked
+    batch, heads, n, dk = a["k_new"].shape
+    itemsize = a["k_cache"].itemsize
     params = KvAppendParams(
-        dev["k_new"].ptr, dev["v_new"].ptr, dev["k_cache"].ptr, dev["v_cache"].ptr, dev["seq_lens"].ptr, None, None,
-        *new_tokens_strides(dev["k_new"]), *new_tokens_strides(dev["v_new"]),
-        *cache_strides(dev["k_cache"], k_layout), *cache_strides(dev["v_cache"], v_layout),
+        0, 0, 0, 0, 0, None, None,
+        *new_tokens_strides(a["k_new"]), *new_tokens_strides(a["v_new"]),
+        *cache_strides(a["k_cache"], k_layout), *cache_strides(a["v_cache"], v_layout),
         batch, heads, n, dk, vc.dim, itemsize, kc.tokens, 0, 0, 0,
     )
-    launch_append(call, params, batch, n, heads, (dk + vc.dim) * itemsize // 16, advance)
-    finish_in_place(call, {name: dev[name] for name in ("k_cache", "v_cache", "seq_lens")})
+    bind_append(binding, a, ("k_new", "v_new", "k_cache", "v_cache", "seq_lens"), params, batch, n, heads,
+                (dk + vc.dim) * itemsize // 16, bool(advance))
+
+
+_KV_APPEND = Op("kv_append", ("k_new", "v_new", "k_cache", "v_cache", "seq_lens"), ("layout", "advance"),
+                in_place=("k_cache", "v_cache", "seq_lens"), validate=_validate, bind=_bind)
+
+
+def kv_append(k_new, v_new, k_cache, v_cache, seq_lens, *, layout="HND", advance: bool = True, stream=None) -> None:
+    """Write k_new [B, Hkv, n, Dk] / v_new [B, Hkv, n, Dv] into each row's cache slots
+    seq_lens[b] .. seq_lens[b] + n - 1, and (advance=True) add n to seq_lens on the device.
+
+    k_cache / v_cache: [B, Hkv, capacity, D] for layout "HND", [B, capacity, Hkv, D] for
+    "NHD" (or a (k_layout, v_layout) pair); same dtype as the new keys / values. seq_lens:
+    int32 [B], read on the device, so a captured graph appends at the live position on every
+    replay. A row that would pass the capacity is not written nor advanced and is reported
+    as a DeviceFault after synchronization (device calls at ptxattn.check_faults; NumPy
+    calls check the lengths on the host first and raise ValueError). NumPy arrays are
+    updated in place.
+    """
+    return _KV_APPEND((k_new, v_new, k_cache, v_cache, seq_lens), (layout, advance), stream)
+
+
+kv_append.op = _KV_APPEND

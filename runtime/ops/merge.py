@@ -4,16 +4,15 @@ the fixed-order combine of the split-KV decode (runtime/ops/decode.py)."""
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..array import DeviceArray
-from ..context import on_device
-from ..dtypes import bfloat16
-from ..module import ParamStruct, get_kernel
-from ..stream import Stream
-from ._io import gather
-from .kv_cache import ATTENTION_DTYPES, check_attention_dtype, check_rank
+from ..module import ParamStruct
+from .checks import (ATTENTION_DTYPES, check_attention_dtype, check_output, check_rank, check_sinks,
+                     check_unit_last_stride, require)
+from .prepared import Op
 
 __all__ = ["merge_states", "merge_states_n"]
 
@@ -38,64 +37,123 @@ class MergeParams(ParamStruct):
     ]
 
 
-def launch_merge(device, stream: Stream, *, in_dtype, out_dtype, o_in: int, o_in_strides, lse_in: int,
-                 lse_in_strides, sinks: int | None, o_out: DeviceArray, lse_out: DeviceArray | None,
-                 num_states: int) -> None:
-    """Merge `num_states` states into o_out [B, H, S, D] (and lse_out [B, H, S]). Strides are
-    in elements, (state, b, h, s); the last axis of o_in and o_out is contiguous."""
-    batch, heads, seq, dim = o_out.shape
-    lse_strides = lse_out.element_strides if lse_out is not None else (0, 0, 0)
-    params = MergeParams(
-        o_in, lse_in, sinks, o_out.ptr, lse_out.ptr if lse_out is not None else None,
-        *o_in_strides, *lse_in_strides, *o_out.element_strides[:3], *lse_strides,
-        batch, heads, seq, dim, num_states,
-    )
+def bind_merge(binding, *, in_dtype, out_dtype, o_in_strides, lse_in_strides, shape, o_out_strides,
+               lse_out_strides, num_states: int):
+    """The merge launch of `num_states` states into o_out `shape` [B, H, S, D] (and lse_out
+    [B, H, S]); strides in elements, (state, b, h, s) for the inputs, the last axis of o_in and
+    o_out contiguous. Pointer fields are left for the caller to `point`; None when no row."""
+    batch, heads, seq, dim = shape
     rows = batch * heads * seq
     if rows == 0:
-        return
-    name = f"merge_{ATTENTION_DTYPES[np.dtype(in_dtype)]}_{ATTENTION_DTYPES[np.dtype(out_dtype)]}"
-    with on_device(device):
-        get_kernel(name, device).launch((rows, 1, 1), (THREADS, 1, 1), params, stream)
-
-
-def _check_contiguous_last(op: str, name: str, arr) -> None:
-    if isinstance(arr, DeviceArray) and arr.shape[-1] > 1 and arr.strides[-1] != arr.itemsize:
-        raise ValueError(f"{op}: {name} must have a contiguous last axis, got strides {arr.strides}")
-
-
-def check_sinks(op: str, sinks, heads: int) -> None:
-    if sinks is None:
-        return
-    if tuple(sinks.shape) != (heads,):
-        raise ValueError(f"{op}: sinks must have shape ({heads},) (one logit per head), got {tuple(sinks.shape)}")
-    if isinstance(sinks, DeviceArray):
-        if sinks.dtype != np.float32:
-            raise TypeError(f"{op}: device sinks must be float32, got {sinks.dtype}")
-        if heads > 1 and sinks.strides[0] != 4:
-            raise ValueError(f"{op}: sinks must be contiguous, got strides {sinks.strides}")
-    elif np.dtype(sinks.dtype).kind != "f" and np.dtype(sinks.dtype) != bfloat16:
-        raise TypeError(f"{op}: sinks must be floating point, got {sinks.dtype}")
-
-
-def sinks_on_device(call, sinks_name: str = "sinks") -> int | None:
-    """Device address of the call's float32 sinks (host sinks are converted), or None."""
-    sinks = call.arrays.get(sinks_name)
-    if sinks is None:
         return None
-    if not isinstance(sinks, DeviceArray):
-        call.arrays[sinks_name] = np.ascontiguousarray(sinks, dtype=np.float32)
-    return call.to_device(sinks_name).ptr
+    params = MergeParams(
+        None, None, None, None, None, *o_in_strides, *lse_in_strides, *o_out_strides, *lse_out_strides,
+        batch, heads, seq, dim, num_states,
+    )
+    name = f"merge_{ATTENTION_DTYPES[np.dtype(in_dtype)]}_{ATTENTION_DTYPES[np.dtype(out_dtype)]}"
+    return binding.launch(name, (rows, 1, 1), (THREADS, 1, 1), params)
 
 
-def _run(op: str, call, num_states: int, shape, o_dtype, o_in_strides, lse_in_strides, o_in: int, lse_in: int,
-         out, out_lse):
-    o_out = call.output(shape, o_dtype, out, name="out")
-    lse_out = call.output(shape[:3], np.float32, out_lse, name="out_lse")
-    _check_contiguous_last(op, "out", o_out)
-    launch_merge(call.device, call.stream, in_dtype=o_dtype, out_dtype=o_dtype, o_in=o_in,
-                 o_in_strides=o_in_strides, lse_in=lse_in, lse_in_strides=lse_in_strides,
-                 sinks=sinks_on_device(call), o_out=o_out, lse_out=lse_out, num_states=num_states)
-    return call.finish(o_out, out), call.finish(lse_out, out_lse)
+def _bind_states(binding, a: dict, c: "_Checked", first: tuple[str, str]) -> None:
+    """Both ops: make the outputs, launch, and point o_in / lse_in at the first state (the
+    others follow at the state stride) and the outputs."""
+    shape = c.shape
+    binding.make("out", shape, c.dtype)
+    binding.make("out_lse", shape[:3], np.float32)
+    binding.result("out", "out_lse", as_tuple=True)
+    out, out_lse = a["out"], a["out_lse"]
+    o_out_strides = out.element_strides[:3] if out is not None else (shape[1] * shape[2] * shape[3],
+                                                                       shape[2] * shape[3], shape[3])
+    lse_out_strides = out_lse.element_strides if out_lse is not None else (shape[1] * shape[2], shape[2], 1)
+    launch = bind_merge(binding, in_dtype=c.dtype, out_dtype=c.dtype, o_in_strides=c.o_in_strides,
+                        lse_in_strides=c.lse_in_strides, shape=shape, o_out_strides=o_out_strides,
+                        lse_out_strides=lse_out_strides, num_states=c.num_states)
+    if launch is None:
+        return
+    for name, field in ((first[0], "o_in"), (first[1], "lse_in"), ("out", "o_out"), ("out_lse", "lse_out")):
+        binding.point(name, launch, field)
+    if a["sinks"] is not None:
+        binding.point("sinks", launch, "sinks")
+
+
+@dataclass(frozen=True)
+class _Checked:
+    shape: tuple          # [B, H, S, D] of the merged output
+    dtype: np.dtype
+    num_states: int
+    o_in_strides: tuple   # (state, b, h, s) in elements
+    lse_in_strides: tuple
+
+
+def _check_outputs(op: str, a: dict, shape, dtype) -> None:
+    check_output(op, "out", a["out"], shape, dtype)
+    check_output(op, "out_lse", a["out_lse"], shape[:3], np.float32)
+    check_sinks(op, a["sinks"], shape[1])
+
+
+def _validate_n(a: dict, on_host: bool = False) -> _Checked:
+    op = "merge_states_n"
+    o, lse = a["o"], a["lse"]
+    require(op, "o", o)
+    require(op, "lse", lse)
+    check_rank(op, "o", o, 5, "[N, B, H, S, D]")
+    check_attention_dtype(op, "o", o)
+    if tuple(lse.shape) != tuple(o.shape[:4]) or lse.dtype != np.float32:
+        raise ValueError(f"{op}: lse must be float32 of shape {tuple(o.shape[:4])} (o's [N, B, H, S]), "
+                         f"got {lse.dtype} {tuple(lse.shape)}")
+    if o.shape[0] == 0:
+        raise ValueError(f"{op}: need at least one state, got N=0")
+    check_unit_last_stride(op, "o", o)
+    _check_outputs(op, a, o.shape[1:], o.dtype)
+    o_strides = o.element_strides[:4] if isinstance(o, DeviceArray) else tuple(s // o.itemsize for s in o.strides[:4])
+    lse_strides = lse.element_strides if isinstance(lse, DeviceArray) else tuple(s // 4 for s in lse.strides)
+    return _Checked(tuple(o.shape[1:]), np.dtype(o.dtype), o.shape[0], o_strides, lse_strides)
+
+
+def _state_gaps(arrays: list) -> tuple:
+    """merge_states reads state b at a fixed distance from state a: the distances are part of
+    the plan (and of the cache key)."""
+    o_a, lse_a, o_b, lse_b = arrays[:4]
+    if None in (o_a, lse_a, o_b, lse_b):
+        return None
+    return o_b.ptr - o_a.ptr, lse_b.ptr - lse_a.ptr
+
+
+def _validate_two(a: dict, on_host: bool = False) -> _Checked:
+    op = "merge_states"
+    for name in ("o_a", "lse_a", "o_b", "lse_b"):
+        require(op, name, a[name])
+    o_a = a["o_a"]
+    check_rank(op, "o_a", o_a, 4, "[B, H, S, D]")
+    check_attention_dtype(op, "o_a", o_a)
+    if tuple(a["o_b"].shape) != tuple(o_a.shape) or a["o_b"].dtype != o_a.dtype:
+        raise ValueError(f"{op}: o_b must match o_a ({o_a.dtype} {tuple(o_a.shape)}), "
+                         f"got {a['o_b'].dtype} {tuple(a['o_b'].shape)}")
+    for name in ("lse_a", "lse_b"):
+        if tuple(a[name].shape) != tuple(o_a.shape[:3]) or a[name].dtype != np.float32:
+            raise ValueError(f"{op}: {name} must be float32 of shape {tuple(o_a.shape[:3])}, "
+                             f"got {a[name].dtype} {tuple(a[name].shape)}")
+    for name in ("o_a", "o_b"):
+        check_unit_last_stride(op, name, a[name])
+    _check_outputs(op, a, o_a.shape, o_a.dtype)
+    if on_host:
+        return _Checked(tuple(o_a.shape), np.dtype(o_a.dtype), 2, (), ())
+    strides = {}
+    for first, second in (("o_a", "o_b"), ("lse_a", "lse_b")):
+        x, y = a[first], a[second]
+        gap = y.ptr - x.ptr
+        if x.strides != y.strides or gap % x.itemsize:
+            raise ValueError(f"{op}: {first} and {second} must have the same strides (got {x.strides} and "
+                             f"{y.strides}) and element-aligned addresses")
+        strides[first] = (gap // x.itemsize, *x.element_strides[:3])
+    return _Checked(tuple(o_a.shape), np.dtype(o_a.dtype), 2, strides["o_a"], strides["lse_a"])
+
+
+_MERGE_N = Op("merge_states_n", ("o", "lse", "sinks", "out", "out_lse"), (), outputs=("out", "out_lse"),
+              validate=_validate_n, bind=lambda binding, a, c: _bind_states(binding, a, c, ("o", "lse")))
+_MERGE_TWO = Op("merge_states", ("o_a", "lse_a", "o_b", "lse_b", "sinks", "out", "out_lse"), (),
+                outputs=("out", "out_lse"), validate=_validate_two, extra_key=_state_gaps,
+                bind=lambda binding, a, c: _bind_states(binding, a, c, ("o_a", "lse_a")))
 
 
 def merge_states_n(o, lse, *, sinks=None, out=None, out_lse=None, stream=None):
@@ -103,52 +161,16 @@ def merge_states_n(o, lse, *, sinks=None, out=None, out_lse=None, stream=None):
     bfloat16 or float32, each normalised by its own softmax sum), lse [N, B, H, S] float32
     (natural log, -inf for a state with no key). Returns (o [B, H, S, D] in o's dtype,
     lse [B, H, S] float32): lse = log sum exp(lse_i), o = sum exp(lse_i - lse) o_i, summed in
-    a fixed order; sinks [H] join the denominator only. A state of zero weight is skipped,
-    never multiplied (NaN in it cannot leak)."""
-    op = "merge_states_n"
-    call = gather(op, stream, o=o, lse=lse, sinks=sinks, out=out, out_lse=out_lse)
-    o_arr, lse_arr = call.arrays["o"], call.arrays["lse"]
-    check_rank(op, "o", o_arr, 5, "[N, B, H, S, D]")
-    check_attention_dtype(op, "o", o_arr)
-    if tuple(lse_arr.shape) != tuple(o_arr.shape[:4]) or lse_arr.dtype != np.float32:
-        raise ValueError(f"{op}: lse must be float32 of shape {tuple(o_arr.shape[:4])} (o's [N, B, H, S]), "
-                         f"got {lse_arr.dtype} {tuple(lse_arr.shape)}")
-    if o_arr.shape[0] == 0:
-        raise ValueError(f"{op}: need at least one state, got N=0")
-    _check_contiguous_last(op, "o", o_arr)
-    check_sinks(op, call.arrays.get("sinks"), o_arr.shape[2])
-    o_dev, lse_dev = call.to_device("o"), call.to_device("lse")
-    return _run(op, call, o_arr.shape[0], o_arr.shape[1:], o_arr.dtype, o_dev.element_strides[:4],
-                lse_dev.element_strides, o_dev.ptr, lse_dev.ptr, out, out_lse)
+    a fixed order; sinks float32 [H] join the denominator only. A state of zero weight is
+    skipped, never multiplied (NaN in it cannot leak)."""
+    return _MERGE_N((o, lse, sinks, out, out_lse), (), stream)
 
 
 def merge_states(o_a, lse_a, o_b, lse_b, *, sinks=None, out=None, out_lse=None, stream=None):
     """Merge two attention states over disjoint key sets: o_* [B, H, S, D], lse_* [B, H, S]
-    float32; see merge_states_n. Returns (o, lse)."""
-    op = "merge_states"
-    call = gather(op, stream, o_a=o_a, lse_a=lse_a, o_b=o_b, lse_b=lse_b, sinks=sinks, out=out, out_lse=out_lse)
-    a = call.arrays
-    check_rank(op, "o_a", a["o_a"], 4, "[B, H, S, D]")
-    check_attention_dtype(op, "o_a", a["o_a"])
-    if tuple(a["o_b"].shape) != tuple(a["o_a"].shape) or a["o_b"].dtype != a["o_a"].dtype:
-        raise ValueError(f"{op}: o_b must match o_a ({a['o_a'].dtype} {tuple(a['o_a'].shape)}), "
-                         f"got {a['o_b'].dtype} {tuple(a['o_b'].shape)}")
-    for name in ("lse_a", "lse_b"):
-        if tuple(a[name].shape) != tuple(a["o_a"].shape[:3]) or a[name].dtype != np.float32:
-            raise ValueError(f"{op}: {name} must be float32 of shape {tuple(a['o_a'].shape[:3])}, "
-                             f"got {a[name].dtype} {tuple(a[name].shape)}")
-    for name in ("o_a", "o_b"):
-        _check_contiguous_last(op, name, a[name])
-    check_sinks(op, a.get("sinks"), a["o_a"].shape[1])
-    # The kernel walks states with one stride: state b sits (b.ptr - a.ptr) elements after a.
-    dev = {name: call.to_device(name) for name in ("o_a", "lse_a", "o_b", "lse_b")}
-    strides = {}
-    for first, second in (("o_a", "o_b"), ("lse_a", "lse_b")):
-        x, y = dev[first], dev[second]
-        gap = y.ptr - x.ptr
-        if x.strides != y.strides or gap % x.itemsize:
-            raise ValueError(f"{op}: {first} and {second} must have the same strides (got {x.strides} and "
-                             f"{y.strides}) and element-aligned addresses")
-        strides[first] = (gap // x.itemsize, *x.element_strides[:3])
-    return _run(op, call, 2, a["o_a"].shape, a["o_a"].dtype, strides["o_a"], strides["lse_a"],
-                dev["o_a"].ptr, dev["lse_a"].ptr, out, out_lse)
+    float32; see merge_states_n. Returns (o, lse). Device states are read as one state and
+    another at a fixed distance: o_b and lse_b must have o_a's and lse_a's strides."""
+    return _MERGE_TWO((o_a, lse_a, o_b, lse_b, sinks, out, out_lse), (), stream)
+
+
+merge_states_n.op, merge_states.op = _MERGE_N, _MERGE_TWO

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..context import on_device
+from ..array import DeviceArray
 from ..dtypes import bfloat16
-from ..module import ParamStruct, get_kernel
-from ._io import gather
+from ..module import ParamStruct
+from .checks import check_output, require
+from .prepared import Op
 
 __all__ = ["softmax", "log_softmax", "plan", "SoftmaxPlan"]
 
@@ -87,7 +88,7 @@ def plan(outer: int, length: int, inner: int) -> SoftmaxPlan:
 
 
 def _normalize_axis(op: str, axis, ndim: int) -> int:
-    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+    if isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer)):
         raise TypeError(f"{op}: axis must be an int, got {type(axis).__name__}")
     if ndim == 0:
         raise ValueError(f"{op}: x must have at least 1 dimension, got a 0-d array")
@@ -96,33 +97,44 @@ def _normalize_axis(op: str, axis, ndim: int) -> int:
     return int(axis) % ndim
 
 
-def _run(op: str, x, axis, out, stream, log: bool):
-    call = gather(op, stream, x=x, out=out)
-    x_in = call.arrays["x"]
-    if x_in.dtype not in _KERNEL_SUFFIX:
-        raise TypeError(f"{op}: x must be float16, bfloat16 or float32, got {x_in.dtype}")
-    axis = _normalize_axis(op, axis, x_in.ndim)
-    if not call.on_host:
-        for name, arr in call.arrays.items():
-            if not arr.is_contiguous:
-                raise ValueError(
-                    f"{op}: {name} must be a contiguous (C-order) device array, got strides "
-                    f"{arr.strides} for shape {arr.shape}: pass a contiguous copy"
-                )
-    y = call.output(x_in.shape, x_in.dtype, out)
-    shape = x_in.shape
-    if x_in.size == 0:
-        return call.finish(y, out)
+def _validate(op: str, a: dict, axis, on_host: bool = False) -> int:
+    require(op, "x", a["x"])
+    x = a["x"]
+    if np.dtype(x.dtype) not in _KERNEL_SUFFIX:
+        raise TypeError(f"{op}: x must be float16, bfloat16 or float32, got {x.dtype}")
+    axis = _normalize_axis(op, axis, x.ndim)
+    check_output(op, "out", a["out"], x.shape, x.dtype)
+    for name in ("x", "out"):
+        arr = a[name]
+        if isinstance(arr, DeviceArray) and not arr.is_contiguous:
+            raise ValueError(f"{op}: {name} must be a contiguous (C-order) device array, got strides "
+                             f"{arr.strides} for shape {arr.shape}: pass a contiguous copy")
+    return axis
 
+
+def _bind(log: bool, binding, a: dict, axis: int, _axis_option) -> None:
+    x = a["x"]
+    binding.make("out", x.shape, x.dtype)
+    binding.result("out")
+    if x.size == 0:
+        return
+    shape = x.shape
     outer = int(np.prod(shape[:axis], dtype=np.int64))
     inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
     p = plan(outer, shape[axis], inner)
-    x_dev = call.to_device("x")
-    params = SoftmaxParams(x_dev.ptr, y.ptr, outer, shape[axis], inner, int(log), p.lanes_per_row)
-    with on_device(call.device):
-        kernel = get_kernel(f"softmax_{p.kernel}_{_KERNEL_SUFFIX[x_in.dtype]}", call.device)
-        kernel.launch(p.grid, p.block, params, call.stream)
-    return call.finish(y, out)
+    params = SoftmaxParams(x.ptr, 0, outer, shape[axis], inner, int(log), p.lanes_per_row)
+    launch = binding.launch(f"softmax_{p.kernel}_{_KERNEL_SUFFIX[x.dtype]}", p.grid, p.block, params)
+    binding.point("x", launch, "x")
+    binding.point("out", launch, "y")
+
+
+def _op(name: str, log: bool) -> Op:
+    return Op(name, ("x", "out"), ("axis",), outputs=("out",),
+              validate=lambda a, axis, on_host=False: _validate(name, a, axis, on_host),
+              bind=lambda binding, a, checked, axis: _bind(log, binding, a, checked, axis))
+
+
+_SOFTMAX, _LOG_SOFTMAX = _op("softmax", False), _op("log_softmax", True)
 
 
 def softmax(x, axis: int = -1, *, out=None, stream=None):
@@ -130,9 +142,12 @@ def softmax(x, axis: int = -1, *, out=None, stream=None):
     semantics). x: float16, bfloat16 or float32, any shape of at least 1 dimension; fp32
     arithmetic, result in x's dtype. NumPy in, NumPy out (synchronous); device arrays in,
     a DeviceArray out, queued on `stream`. `out` may be x itself."""
-    return _run("softmax", x, axis, out, stream, log=False)
+    return _SOFTMAX((x, out), (axis,), stream)
 
 
 def log_softmax(x, axis: int = -1, *, out=None, stream=None):
     """x - max - log(sum(exp(x - max))) along `axis`; otherwise as `softmax`."""
-    return _run("log_softmax", x, axis, out, stream, log=True)
+    return _LOG_SOFTMAX((x, out), (axis,), stream)
+
+
+softmax.op, log_softmax.op = _SOFTMAX, _LOG_SOFTMAX

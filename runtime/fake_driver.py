@@ -1,0 +1,146 @@
+"""A stand-in for libcuda, so the host path can run (and be timed and tested) without a GPU.
+
+`install()` replaces the `cuda.bindings.driver` functions ptxattn calls, and its ctypes hot
+path, with Python stand-ins that answer as an H200 would (one device, compute capability 9.0,
+132 SMs), as tinygrad's fake libcuda does. Device memory is host memory, so copies move real
+bytes; kernel launches and stream work are no-ops, so outputs hold whatever was there. Install
+it in a fresh process before ptxattn touches the driver: it is not meant to be removed again.
+
+    python -c "import ptxattn.fake_driver as f; f.install(); import ptxattn; ..."
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+from cuda.bindings import driver as cu
+
+__all__ = ["install", "launches"]
+
+_OK = cu.CUresult.CUDA_SUCCESS
+_A = cu.CUdevice_attribute
+_ATTRIBUTES = {
+    _A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
+    _A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
+    _A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 132,
+    _A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232448,
+    _A.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: 60 << 20,
+}
+_PRIMARY = 0x1000
+_handles = itertools.count(0x10000)
+_memory: dict[int, ctypes.Array] = {}  # address -> the host buffer standing in for it
+_context_stack: list[int] = []
+launches = [0]  # kernel launches so far (tests read it)
+
+
+def _alloc(nbytes: int) -> int:
+    """Host bytes standing in for device memory, 256-byte aligned like cuMemAlloc's."""
+    buffer = ctypes.create_string_buffer(max(int(nbytes), 1) + 255)
+    address = (ctypes.addressof(buffer) + 255) & ~255
+    _memory[address] = buffer
+    return address
+
+
+def _ok(*values):
+    return (_OK, *values)
+
+
+def _launch(function, gx, gy, gz, bx, by, bz, shared, stream, args, extra):
+    launches[0] += 1
+    return (_OK,)
+
+
+def _memcpy(dst, src, nbytes, *stream):
+    ctypes.memmove(int(dst), int(src), int(nbytes))
+    return (_OK,)
+
+
+def _memset(dst, value, nbytes, *stream):
+    ctypes.memset(int(dst), int(value), int(nbytes))
+    return (_OK,)
+
+
+def _free(ptr, *stream):
+    _memory.pop(int(ptr), None)
+    return (_OK,)
+
+
+def _push(ctx):
+    _context_stack.append(int(ctx))
+    return (_OK,)
+
+
+def _pop():
+    return _ok(cu.CUcontext(_context_stack.pop()))
+
+
+_FUNCTIONS = {
+    "cuInit": lambda flags: (_OK,),
+    "cuDriverGetVersion": lambda: _ok(13000),
+    "cuGetErrorString": lambda result: _ok(b"fake driver"),
+    "cuDeviceGetCount": lambda: _ok(1),
+    "cuDeviceGet": lambda ordinal: _ok(cu.CUdevice(ordinal)),
+    "cuDeviceGetAttribute": lambda attr, dev: _ok(_ATTRIBUTES.get(attr, 0)),
+    "cuDeviceGetName": lambda size, dev: _ok(b"Fake H200 (no GPU)\0"),
+    "cuDeviceTotalMem": lambda dev: _ok(141 << 30),
+    "cuDevicePrimaryCtxRetain": lambda dev: _ok(cu.CUcontext(_PRIMARY)),
+    "cuCtxPushCurrent": _push,
+    "cuCtxPopCurrent": _pop,
+    "cuCtxGetDevice": lambda: _ok(cu.CUdevice(0)),
+    "cuModuleLoadDataEx": lambda *args: _ok(cu.CUmodule(next(_handles))),
+    "cuModuleGetFunction": lambda module, name: _ok(cu.CUfunction(next(_handles))),
+    "cuFuncGetAttribute": lambda attr, fn: _ok(0),
+    "cuFuncSetAttribute": lambda fn, attr, value: (_OK,),
+    "cuLaunchKernel": _launch,
+    "cuMemAlloc": lambda nbytes: _ok(cu.CUdeviceptr(_alloc(nbytes))),
+    "cuMemAllocFromPoolAsync": lambda nbytes, pool, stream: _ok(cu.CUdeviceptr(_alloc(nbytes))),
+    "cuMemFree": _free,
+    "cuMemFreeAsync": _free,
+    "cuMemGetInfo": lambda: _ok(140 << 30, 141 << 30),
+    "cuMemPoolCreate": lambda props: _ok(cu.CUmemoryPool(next(_handles))),
+    "cuMemPoolSetAttribute": lambda pool, attr, value: (_OK,),
+    "cuMemPoolGetAttribute": lambda pool, attr: _ok(cu.cuuint64_t(0)),
+    "cuMemHostAlloc": lambda nbytes, flags: _ok(_alloc(nbytes)),
+    "cuMemFreeHost": _free,
+    "cuMemsetD8": _memset,
+    "cuMemsetD8Async": _memset,
+    "cuMemcpyHtoDAsync": _memcpy,
+    "cuMemcpyDtoHAsync": _memcpy,
+    "cuMemcpyDtoH": _memcpy,
+    "cuMemcpyDtoDAsync": _memcpy,
+    "cuPointerGetAttribute": lambda attr, ptr: _ok(0),
+    "cuStreamCreate": lambda flags: _ok(cu.CUstream(next(_handles))),
+    "cuStreamDestroy": lambda stream: (_OK,),
+    "cuStreamSynchronize": lambda stream: (_OK,),
+    "cuStreamIsCapturing": lambda stream: _ok(cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE),
+    "cuStreamWaitEvent": lambda stream, event, flags: (_OK,),
+    "cuEventCreate": lambda flags: _ok(cu.CUevent(next(_handles))),
+    "cuEventRecord": lambda event, stream: (_OK,),
+    "cuEventSynchronize": lambda event: (_OK,),
+    "cuEventElapsedTime": lambda start, end: _ok(0.0),
+    "cuEventDestroy": lambda event: (_OK,),
+}
+
+
+class _FakeHotPath:
+    """ptxattn.driver's ctypes hot path, answered from the fake context stack."""
+
+    lib = None
+
+    def current_context(self) -> int:
+        return _context_stack[-1] if _context_stack else 0
+
+    def push(self, context: int) -> None:
+        _context_stack.append(context)
+
+    def pop(self) -> None:
+        _context_stack.pop()
+
+
+def install() -> None:
+    """Replace the driver for the rest of this process (call before ptxattn uses it)."""
+    for name, fn in _FUNCTIONS.items():
+        setattr(cu, name, fn)
+    from . import driver
+
+    driver._hot = _FakeHotPath()

@@ -1,0 +1,103 @@
+"""Taking a host framework's device arrays into an op call, fast and capture-safe.
+
+An op called per layer per token cannot afford a DLPack export per argument (PyTorch's
+`__dlpack__` alone costs microseconds, and its stream handshake is illegal while a graph is
+being captured). So the op path reads the few facts it needs straight from the array:
+PyTorch tensors through their accessors, anything with `__cuda_array_interface__` (CuPy,
+Numba, ...) through that dict, everything else through DLPack (`array.from_dlpack`).
+
+Ordering follows DLPack's contract, once per call rather than once per array: work the
+producer queued on its current stream comes before ours (one event), unless it is our
+stream already, or our stream is capturing a graph (then the caller ordered its work on the
+capturing stream, and a wait on uncaptured work would break the capture).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+
+from .array import DeviceArray, from_dlpack
+from .device import get_device
+from .driver import call, cu
+from .dtypes import normalize
+from .stream import LEGACY_DEFAULT, Stream
+
+__all__ = ["import_device_array", "order_after_producers"]
+
+_CAI_LEGACY, _CAI_PER_THREAD = 1, 2
+_PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD
+_torch_dtypes: dict = {}
+
+
+def _torch_dtype(dtype) -> np.dtype:
+    found = _torch_dtypes.get(dtype)
+    if found is None:
+        name = str(dtype).removeprefix("torch.")
+        found = _torch_dtypes[dtype] = normalize(name, "dtype of a torch tensor")
+    return found
+
+
+def _from_torch(t, producers: set) -> DeviceArray:
+    device = t.device
+    if device.type != "cuda":
+        raise TypeError(f"expected a CUDA tensor, got one on {device}")
+    dtype = _torch_dtype(t.dtype)
+    itemsize = dtype.itemsize
+    index = device.index if device.index is not None else 0
+    producers.add(sys.modules["torch"]._C._cuda_getCurrentRawStream(index))
+    return DeviceArray.view(t.data_ptr(), tuple(t.shape), dtype, tuple(s * itemsize for s in t.stride()),
+                            get_device(index), t)
+
+
+def _from_cai(obj, producers: set) -> DeviceArray:
+    cai = obj.__cuda_array_interface__
+    ptr = cai["data"][0] or 0
+    shape = tuple(cai["shape"])
+    dtype = normalize(np.dtype(cai["typestr"]), "dtype of a __cuda_array_interface__ array")
+    strides = cai.get("strides")
+    if strides is None:
+        strides, step = [], dtype.itemsize
+        for n in reversed(shape):
+            strides.append(step)
+            step *= max(n, 1)
+        strides.reverse()
+    device = getattr(obj, "device", None)
+    ordinal = getattr(device, "id", None)
+    if ordinal is None:
+        ordinal = int(call(cu.cuPointerGetAttribute, cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr))
+    stream = cai.get("stream")
+    if stream is not None:
+        producers.add({_CAI_LEGACY: LEGACY_DEFAULT, _CAI_PER_THREAD: _PER_THREAD_STREAM}.get(stream, stream))
+    return DeviceArray.view(ptr, shape, dtype, tuple(strides), get_device(ordinal), obj)
+
+
+def import_device_array(obj, stream: Stream, capturing: bool, producers: set) -> DeviceArray:
+    """A DeviceArray over a foreign device array (no copy). The producer streams to order
+    after are added to `producers` (see `order_after_producers`); DLPack imports order
+    themselves."""
+    module = type(obj).__module__
+    if module.startswith("torch"):
+        return _from_torch(obj, producers)
+    if hasattr(obj, "__cuda_array_interface__"):
+        try:
+            return _from_cai(obj, producers)
+        except TypeError:
+            pass  # a dtype the interface cannot spell (bfloat16): DLPack can
+    return from_dlpack(obj, stream)
+
+
+_events = threading.local()
+
+
+def order_after_producers(stream: Stream, producers: set) -> None:
+    """Make `stream` wait for the work queued so far on each producer stream (not itself)."""
+    for producer in producers:
+        if producer == stream.ptr:
+            continue
+        event = getattr(_events, "event", None)
+        if event is None:
+            event = _events.event = call(cu.cuEventCreate, cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        call(cu.cuEventRecord, event, cu.CUstream(producer))
+        call(cu.cuStreamWaitEvent, stream.handle, event, 0)
