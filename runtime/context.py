@@ -7,8 +7,6 @@ on success and on error.
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from .device import Device, get_device
 from .driver import call, cu, hot, init
 
@@ -28,18 +26,26 @@ def _current_context_device() -> int | None:
     return ordinal
 
 
-@contextmanager
-def on_device(device: Device):
-    """Make a context of `device` current for the block, restoring the caller's context."""
-    init()
-    if _current_context_device() == device.ordinal:
-        yield
-        return
-    call(cu.cuCtxPushCurrent, device.primary_context)
-    try:
-        yield
-    finally:
-        call(cu.cuCtxPopCurrent)
+class on_device:
+    """Make a context of `device` current for the block, restoring the caller's context.
+    (A class rather than a generator: it runs on every op call.)"""
+
+    __slots__ = ("device", "pushed")
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.pushed = False
+
+    def __enter__(self) -> None:
+        init()
+        if _current_context_device() != self.device.ordinal:
+            call(cu.cuCtxPushCurrent, self.device.primary_context)
+            self.pushed = True
+
+    def __exit__(self, *exc) -> None:
+        if self.pushed:
+            self.pushed = False
+            call(cu.cuCtxPopCurrent)
 
 
 def current_device() -> Device | None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import ctypes
 import itertools
 
+import numpy as np
+
 from cuda.bindings import driver as cu
 
 __all__ = ["install", "launches"]
@@ -28,15 +30,16 @@ _ATTRIBUTES = {
 }
 _PRIMARY = 0x1000
 _handles = itertools.count(0x10000)
-_memory: dict[int, ctypes.Array] = {}  # address -> the host buffer standing in for it
+_memory: dict[int, np.ndarray] = {}  # address -> the host buffer standing in for it
 _context_stack: list[int] = []
 launches = [0]  # kernel launches so far (tests read it)
 
 
 def _alloc(nbytes: int) -> int:
-    """Host bytes standing in for device memory, 256-byte aligned like cuMemAlloc's."""
-    buffer = ctypes.create_string_buffer(max(int(nbytes), 1) + 255)
-    address = (ctypes.addressof(buffer) + 255) & ~255
+    """Host bytes standing in for device memory (not cleared, as cuMemAlloc's are not),
+    256-byte aligned like cuMemAlloc's."""
+    buffer = np.empty(max(int(nbytes), 1) + 255, np.uint8)
+    address = (buffer.ctypes.data + 255) & ~255
     _memory[address] = buffer
     return address
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from .array import DeviceArray, from_dlpack
 from .device import get_device
-from .driver import call, cu
+from .driver import call, cu, hot
 from .dtypes import normalize
 from .stream import LEGACY_DEFAULT, Stream
 
@@ -39,6 +39,12 @@ def _torch_dtype(dtype) -> np.dtype:
     return found
 
 
+def _torch_current_stream(index: int) -> int:
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~20x cheaper than the public call
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
 def _from_torch(t, producers: set) -> DeviceArray:
     device = t.device
     if device.type != "cuda":
@@ -46,7 +52,7 @@ def _from_torch(t, producers: set) -> DeviceArray:
     dtype = _torch_dtype(t.dtype)
     itemsize = dtype.itemsize
     index = device.index if device.index is not None else 0
-    producers.add(sys.modules["torch"]._C._cuda_getCurrentRawStream(index))
+    producers.add(_torch_current_stream(index))
     return DeviceArray.view(t.data_ptr(), tuple(t.shape), dtype, tuple(s * itemsize for s in t.stride()),
                             get_device(index), t)
 
@@ -73,7 +79,7 @@ def _from_cai(obj, producers: set) -> DeviceArray:
     return DeviceArray.view(ptr, shape, dtype, tuple(strides), get_device(ordinal), obj)
 
 
-def import_device_array(obj, stream: Stream, capturing: bool, producers: set) -> DeviceArray:
+def import_device_array(obj, stream: Stream, producers: set) -> DeviceArray:
     """A DeviceArray over a foreign device array (no copy). The producer streams to order
     after are added to `producers` (see `order_after_producers`); DLPack imports order
     themselves."""
@@ -88,16 +94,24 @@ def import_device_array(obj, stream: Stream, capturing: bool, producers: set) ->
     return from_dlpack(obj, stream)
 
 
-_events = threading.local()
+_events = threading.local()  # per thread, per context: a wait reads the event when it is queued
+
+
+def _event():
+    context = hot().current_context()
+    events = _events.__dict__.setdefault("by_context", {})
+    event = events.get(context)
+    if event is None:
+        event = events[context] = call(cu.cuEventCreate, cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+    return event
 
 
 def order_after_producers(stream: Stream, producers: set) -> None:
-    """Make `stream` wait for the work queued so far on each producer stream (not itself)."""
+    """Make `stream` wait for the work queued so far on each producer stream (not itself).
+    Call in the context of the arrays' device."""
     for producer in producers:
         if producer == stream.ptr:
             continue
-        event = getattr(_events, "event", None)
-        if event is None:
-            event = _events.event = call(cu.cuEventCreate, cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+        event = _event()
         call(cu.cuEventRecord, event, cu.CUstream(producer))
         call(cu.cuStreamWaitEvent, stream.handle, event, 0)

@@ -15,7 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SUITES = {"launch": "bench_launch", "softmax": "bench_softmax", "prefill": "bench_prefill", "decode": "bench_decode"}
+SUITES = {"launch": "bench_launch", "host": "bench_host", "softmax": "bench_softmax", "prefill": "bench_prefill",
+          "decode": "bench_decode"}
 
 
 def print_table(suite: str, rows: list[dict]) -> None:

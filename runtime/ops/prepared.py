@@ -76,7 +76,7 @@ class Binding:
         self.context = 0  # the context its kernels were looked up in (set by Op.build)
         self.launches: list[Launch] = []
         self.slots: list[list] = [[] for _ in op.arrays]  # per argument: [(view, offset)]
-        self.makes: dict[int, tuple] = {}                  # argument -> (shape, dtype, byte strides)
+        self.makes: dict[int, tuple] = {}  # argument -> (shape, dtype, byte strides, bytes)
         self.workspace_bytes = 0
         self.returns: tuple[str, ...] = ()
         self.returns_tuple = False
@@ -95,7 +95,8 @@ class Binding:
         for n in reversed(shape):
             strides.append(step)
             step *= max(int(n), 1)
-        self.makes[self.op.index[name]] = (tuple(int(n) for n in shape), dtype, tuple(reversed(strides)))
+        shape = tuple(int(n) for n in shape)
+        self.makes[self.op.index[name]] = (shape, dtype, tuple(reversed(strides)), step)
 
     def result(self, *names: str, as_tuple: bool = False) -> None:
         self.returns = names
@@ -114,9 +115,8 @@ class Binding:
         if not persistent and stream.ptr and stream.is_capturing():
             raise CaptureAllocationError(self._capture_message(arrays))
         pool_stream = None if persistent else stream
-        for index, (shape, dtype, strides) in self.makes.items():
+        for index, (shape, dtype, strides, nbytes) in self.makes.items():
             if arrays[index] is None:
-                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
                 buffer = DeviceBuffer(nbytes, self.device, pool_stream)
                 arrays[index] = DeviceArray.view(buffer.ptr, shape, dtype, strides, self.device, buffer, stream)
         if needs_workspace:
@@ -124,8 +124,8 @@ class Binding:
         return None
 
     def _capture_message(self, arrays: list) -> str:
-        missing = [f"{self.op.arrays[i]} ({int(np.prod(s, dtype=np.int64)) * d.itemsize:,} bytes)"
-                   for i, (s, d, _) in self.makes.items() if arrays[i] is None]
+        missing = [f"{self.op.arrays[i]} ({nbytes:,} bytes)" for i, (_, _, _, nbytes) in self.makes.items()
+                   if arrays[i] is None]
         if self.workspace_bytes and arrays[self.op.workspace_index] is None:
             missing.append(f"workspace ({self.workspace_bytes:,} bytes)")
         return (f"{self.op.name}: the stream is capturing a graph and the call would allocate its "
@@ -242,11 +242,13 @@ class Op:
             producers: set = set()
             for i in foreign:
                 try:
-                    arrays[i] = import_device_array(args[i], stream, capturing, producers)
+                    arrays[i] = import_device_array(args[i], stream, producers)
                 except TypeError as exc:
                     raise TypeError(f"{self.name}: {self.arrays[i]}: {exc}") from None
+            producers.discard(stream.ptr)
             if producers and not capturing:
-                order_after_producers(stream, producers)
+                with on_device(arrays[foreign[0]].device):
+                    order_after_producers(stream, producers)
         return arrays, False
 
     def key(self, context: int, metas: tuple, arrays: list, options: tuple):

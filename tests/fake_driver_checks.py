@@ -1,0 +1,211 @@
+"""Checks of the op layer's host logic against ptxattn.fake_driver, one per process (the fake
+cannot be removed once installed): `python fake_driver_checks.py <check>` exits 0 when it
+holds. tests/test_host_path_cpu.py runs each one."""
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+
+import ptxattn.fake_driver as fake
+
+fake.install()
+
+import numpy as np  # noqa: E402  (after the fake, before anything touches the driver)
+
+import ptxattn  # noqa: E402
+from ptxattn.faults import fault_buffer  # noqa: E402
+from ptxattn.ops import prepared  # noqa: E402
+
+BF16 = ptxattn.bfloat16
+STREAM = ptxattn.Stream.create()
+
+
+def _decode_arrays(batch=2, hq=8, hkv=2, cap=4096, d=128, sq=1):
+    e = ptxattn.empty
+    q, k, v = e((batch, hq, sq, d), BF16), e((batch, hkv, cap, d), BF16), e((batch, hkv, cap, d), BF16)
+    return {"q": q, "k_cache": k, "v_cache": v, "seq_lens": e((batch,), np.int32),
+            "sinks": e((hq,), np.float32), "out": e((batch, hq, sq, d), BF16), "out_lse": e((batch, hq, sq), np.float32),
+            "workspace": e((ptxattn.decode_workspace_bytes(q, k, v),), np.uint8)}
+
+
+def _paged_arrays():
+    e = ptxattn.empty
+    q, pool = e((2, 8, 1, 64), BF16), e((40, 2, 16, 64), BF16)
+    table = e((2, 16), np.int32)
+    return {"q": q, "k_pool": pool, "v_pool": e(pool.shape, BF16), "block_table": table,
+            "seq_lens": e((2,), np.int32), "sinks": e((8,), np.float32), "out": e((2, 8, 1, 64), BF16),
+            "out_lse": e((2, 8, 1), np.float32),
+            "workspace": e((ptxattn.paged_decode_workspace_bytes(q, pool, pool, table),), np.uint8)}
+
+
+def _sdpa_arrays():
+    e = ptxattn.empty
+    return {"q": e((2, 8, 100, 64), BF16), "k": e((2, 2, 120, 64), BF16), "v": e((2, 2, 120, 64), BF16),
+            "attn_mask": e((100, 120), np.bool_), "sinks": e((8,), np.float32), "out": e((2, 8, 100, 64), BF16),
+            "out_lse": e((2, 8, 100), np.float32)}
+
+
+def _append_arrays():
+    e = ptxattn.empty
+    return {"k_new": e((2, 2, 3, 64), BF16), "v_new": e((2, 2, 3, 64), BF16), "k_cache": e((2, 2, 50, 64), BF16),
+            "v_cache": e((2, 2, 50, 64), BF16), "seq_lens": e((2,), np.int32)}
+
+
+def _paged_append_arrays():
+    e = ptxattn.empty
+    return {"k_new": e((5, 2, 64), BF16), "v_new": e((5, 2, 64), BF16), "k_pool": e((9, 2, 16, 64), BF16),
+            "v_pool": e((9, 2, 16, 64), BF16), "slot_mapping": e((5,), np.int64)}
+
+
+def _merge_arrays():
+    e = ptxattn.empty
+    return {"o": e((3, 2, 4, 5, 64), BF16), "lse": e((3, 2, 4, 5), np.float32), "sinks": e((4,), np.float32),
+            "out": e((2, 4, 5, 64), BF16), "out_lse": e((2, 4, 5), np.float32)}
+
+
+# (op, arrays maker, options): every op, with every optional array it takes.
+CALLS = [
+    (ptxattn.sdpa, _sdpa_arrays, {"causal": True, "return_lse": True}),
+    (ptxattn.decode, _decode_arrays, {"return_lse": True}),
+    (ptxattn.decode, lambda: _decode_arrays(batch=64, hq=32, hkv=8), {"return_lse": True}),  # one split
+    (ptxattn.paged_decode, _paged_arrays, {"return_lse": True}),
+    (ptxattn.kv_append, _append_arrays, {}),
+    (ptxattn.paged_kv_append, _paged_append_arrays, {}),
+    (ptxattn.merge_states_n, _merge_arrays, {}),
+    (ptxattn.softmax, lambda: {"x": ptxattn.empty((7, 300), np.float32), "out": ptxattn.empty((7, 300), np.float32)},
+     {}),
+]
+
+
+def _pointer_fields(launch) -> dict[str, int]:
+    params = launch.params
+    return {name: getattr(params, name) or 0 for name, ctype in params._fields_ if ctype is ctypes.c_void_p}
+
+
+def _ranges(arrays: dict) -> dict[str, range]:
+    return {name: range(a.ptr, a.ptr + max(a.nbytes, 1)) for name, a in arrays.items()}
+
+
+def _owner(ptr: int, ranges: dict[str, range]):
+    return next((name for name, r in ranges.items() if ptr in r), None)
+
+
+def no_stale_pointers() -> None:
+    """After eager calls with arrays A then B (same shapes), every pointer a launch will read
+    lies in B's arrays (or is the fault buffer), none in A's: the cached binding rewrote
+    every address it holds."""
+    fault = fault_buffer(ptxattn.get_device(0))
+    for op, make, options in CALLS:
+        first, second = make(), make()
+        op(**first, **options, stream=STREAM)
+        op(**second, **options, stream=STREAM)
+        binding = next(reversed(prepared._cache().values()))
+        assert binding.op is op.op
+        old, new = _ranges(first), _ranges(second)
+        for launch in binding.launches:
+            for field, ptr in _pointer_fields(launch).items():
+                assert _owner(ptr, old) is None, f"{op.__name__} {launch.name}.{field} still points at the first call's {_owner(ptr, old)}"
+                assert ptr in (0, fault) or _owner(ptr, new), f"{op.__name__} {launch.name}.{field} = {ptr:#x} points nowhere"
+        print(f"{op.__name__}: {len(binding.launches)} launches, every pointer rewritten")
+
+
+def prepared_rebinds_only_what_it_is_given() -> None:
+    arrays = _decode_arrays()
+    step = ptxattn.prepare(ptxattn.decode, **arrays, stream=STREAM)
+    q2 = ptxattn.empty(arrays["q"].shape, BF16)
+    step.run(q=q2)
+    split = _pointer_fields(step.launches[0])
+    assert split["q"] == q2.ptr and split["k"] == arrays["k_cache"].ptr, split
+    try:
+        step.run(q=ptxattn.empty((2, 8, 2, 128), BF16))
+    except ValueError as exc:
+        assert "decode.run: q must match the prepared one" in str(exc), exc
+    else:
+        raise AssertionError("a q of another shape was accepted")
+    assert _pointer_fields(step.launches[0])["q"] == q2.ptr  # the refused call changed nothing
+
+
+def options_are_keyed_with_their_types() -> None:
+    arrays = _decode_arrays()
+    ptxattn.decode(**arrays, scale=1, stream=STREAM)
+    try:
+        ptxattn.decode(**arrays, scale=True, stream=STREAM)  # True == 1 and hash(True) == hash(1)
+    except TypeError as exc:
+        assert "scale must be a number or None, got True" in str(exc), exc
+    else:
+        raise AssertionError("scale=True ran on the binding cached for scale=1")
+
+
+def cache_stays_bounded() -> None:
+    prepared.clear_bindings()
+    for n in range(prepared.CACHE_ENTRIES + 40):
+        x = ptxattn.empty((1, 16 + n), np.float32)
+        ptxattn.softmax(x, out=ptxattn.empty(x.shape, np.float32), stream=STREAM)
+    assert len(prepared._cache()) == prepared.CACHE_ENTRIES, len(prepared._cache())
+
+
+def numpy_calls_round_trip() -> None:
+    """NumPy in, NumPy out through the upload / run / copy-back path (the fake's kernels do
+    nothing, so the outputs hold what the pool handed out; shapes and in-place updates show)."""
+    x = np.random.default_rng(0).standard_normal((3, 50)).astype(np.float32)
+    y = ptxattn.softmax(x)
+    assert isinstance(y, np.ndarray) and y.shape == x.shape and y.dtype == x.dtype
+    out = np.empty_like(x)
+    assert ptxattn.softmax(x, out=out) is out
+    seq_lens = np.array([1, 2], np.int32)
+    cache = np.zeros((2, 2, 8, 16), np.float16)
+    ptxattn.kv_append(np.ones((2, 2, 1, 16), np.float16), np.ones((2, 2, 1, 16), np.float16), cache, cache.copy(),
+                      seq_lens)
+    try:
+        ptxattn.kv_append(np.ones((2, 2, 1, 16), np.float16), np.ones((2, 2, 1, 16), np.float16), cache,
+                          cache.copy(), np.array([7, 8], np.int32))
+    except ValueError as exc:
+        assert "kv_append: seq_lens[1] = 8 is outside [0, 7]" in str(exc), exc
+    else:
+        raise AssertionError("a NumPy length past the capacity was accepted")
+
+
+def threads_launch_their_own_pointers() -> None:
+    """Eight threads calling ops at once: every launch carries its own thread's addresses
+    (the binding a thread writes is its own)."""
+    seen: dict[int, list[int]] = {}
+    lock = threading.Lock()
+
+    def recording_launch(function, gx, gy, gz, bx, by, bz, shared, stream, args, extra):
+        first_pointer = ctypes.c_uint64.from_address(ctypes.c_void_p.from_address(args).value).value
+        with lock:
+            seen.setdefault(threading.get_ident(), []).append(first_pointer)
+        return (fake._OK,)
+
+    from cuda.bindings import driver as cu
+
+    cu.cuLaunchKernel = recording_launch
+    mine: dict[int, set] = {}
+    errors = []
+
+    def worker():
+        try:
+            arrays = _sdpa_arrays()
+            x = ptxattn.empty((9, 100), np.float32)
+            mine[threading.get_ident()] = {arrays["q"].ptr, x.ptr}
+            for _ in range(300):
+                ptxattn.sdpa(**arrays, stream=STREAM)
+                ptxattn.softmax(x, out=ptxattn.empty(x.shape, np.float32), stream=STREAM)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for ident, pointers in seen.items():
+        assert set(pointers) <= mine[ident], f"a thread launched another thread's arrays"
+    assert sum(len(p) for p in seen.values()) == 8 * 600
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]]()
+    print(f"{sys.argv[1]}: OK")
