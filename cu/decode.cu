@@ -703,11 +703,5 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
     ptxattn::decode::decode_split<T, D>(p);                                          \
   }
 
-PTXATTN_DECODE_VARIANT(decode_split_f16_d64, __half, 64)
-PTXATTN_DECODE_VARIANT(decode_split_f16_d128, __half, 128)
-PTXATTN_DECODE_VARIANT(decode_split_f16_d256, __half, 256)
-PTXATTN_DECODE_VARIANT(decode_split_bf16_d64, __nv_bfloat16, 64)
-PTXATTN_DECODE_VARIANT(decode_split_bf16_d128, __nv_bfloat16, 128)
-PTXATTN_DECODE_VARIANT(decode_split_bf16_d256, __nv_bfloat16, 256)
-PTXATTN_DECODE_VARIANT(decode_split_f32_d64, float, 64)
-PTXATTN_DECODE_VARIANT(decode_split_f32_d128, float, 128)
+// One line a variant of the decode table of cu/variants.json, made by scripts/build_ptx.py.
+#include "variants.inc"

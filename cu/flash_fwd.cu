@@ -463,12 +463,11 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
       NAME(const ptxattn::FlashFwdParams p) {                                             \
     ptxattn::flash_fwd_tc<T, ptxattn::TcTile<__VA_ARGS__>, GENERAL>(p);                   \
   }
-#define FLASH_FWD_TC_DTYPES(SUFFIX, GENERAL, ...)                               \
-  FLASH_FWD_TC(flash_fwd_bf16_##SUFFIX, __nv_bfloat16, GENERAL, __VA_ARGS__) \
-  FLASH_FWD_TC(flash_fwd_f16_##SUFFIX, __half, GENERAL, __VA_ARGS__)
 
-// ---- variant table (mirrored by runtime/ops/attention.py _VARIANTS) ------------------
-// Plain-score kernels: 4 warps of 32 query rows (two m16 tiles, so each K/V fragment feeds
+// ---- variants --------------------------------------------------------------------------
+// The tiles are the flash_fwd table of cu/variants.json; scripts/build_ptx.py compiles this
+// file with variants.inc made from it, one FLASH_FWD_TC line a kernel. Why those tiles:
+// plain-score kernels: 4 warps of 32 query rows (two m16 tiles, so each K/V fragment feeds
 // four MMAs), 2 blocks an SM at <= 255 registers. Where Q's fragments would not fit beside
 // the 32 x Dv accumulators and the scores, they are re-read from shared memory per k-step.
 // ptxas (sm_90, from the PTX): d64 244 registers, d192_128 254, d256 252; general d64 254,
@@ -484,14 +483,7 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
 //   292 / 325; B8 H16 S2048 D64 215 / 245; B1 Hq32 Hkv8 S16384 D128 causal 311 / 332
 //   (0.88-0.94x; the 16-row tiles before ran 0.70-0.80x). scripts/sdpa_tune.py times
 //   candidate tiles side by side.
-FLASH_FWD_TC_DTYPES(d64, false, 64, 64, 4, 2, 64, 3, true)
-FLASH_FWD_TC_DTYPES(d128, false, 128, 128, 4, 2, 64, 2, false)
-FLASH_FWD_TC_DTYPES(d192_128, false, 192, 128, 4, 2, 32, 2, false)
-FLASH_FWD_TC_DTYPES(d256, false, 256, 256, 4, 1, 32, 2, false)
-FLASH_FWD_TC_DTYPES(d64_general, true, 64, 64, 8, 1, 128, 2, true)
-FLASH_FWD_TC_DTYPES(d128_general, true, 128, 128, 8, 1, 64, 3, true)
-FLASH_FWD_TC_DTYPES(d192_128_general, true, 192, 128, 8, 1, 32, 2, true)
-FLASH_FWD_TC_DTYPES(d256_general, true, 256, 256, 4, 1, 32, 2, false)
+#include "variants.inc"
 
 extern "C" __global__ void __launch_bounds__(32 * ptxattn::F32_WARPS)
     flash_fwd_f32(const ptxattn::FlashFwdParams p) {

@@ -313,22 +313,18 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 }  // namespace sm90
 }  // namespace ptxattn
 
-// ---- entry points (mirrored by runtime/ops/attention.py _SM90_TILES) ---------------------
+// ---- entry points: the flash_fwd_sm90 table of cu/variants.json ---------------------------
+// scripts/build_ptx.py compiles this file with variants.inc made from it, one FLASH_FWD_SM90
+// line a kernel.
 #define FLASH_FWD_SM90(NAME, T, D, GROUPS)                                              \
   extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1) \
       NAME(const ptxattn::FlashFwdParams p) {                                          \
     ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>>(p);          \
   }
-#define FLASH_FWD_SM90_DTYPES(D, GROUPS)                                       \
-  FLASH_FWD_SM90(flash_fwd_sm90_bf16_d##D, __nv_bfloat16, D, GROUPS) \
-  FLASH_FWD_SM90(flash_fwd_sm90_f16_d##D, __half, D, GROUPS)
 
 // Three warpgroups: while one runs its softmax the others keep the tensor cores busy.
 // scripts/sdpa_tune.py on the H200 (bf16, kernels launched directly, one run), TFLOP/s with
 // 2 / 3 warpgroups and FA2 in the same run: B4 H32 S4096 D128 410 / 456 (357), causal
 // 377 / 407 (324), B2 Hq32 Hkv8 S8192 causal 402 / 459 (338), B1 Hq32 Hkv8 S16384 causal
 // 428 / 473 (343), B8 H16 S2048 D64 310 / 356 (291). ptxas: 168 registers, no spills.
-#ifndef PTXATTN_SM90_TABLE  // scripts/sdpa_tune.py compiles its own candidates instead
-FLASH_FWD_SM90_DTYPES(64, 3)
-FLASH_FWD_SM90_DTYPES(128, 3)
-#endif
+#include "variants.inc"

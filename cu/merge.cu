@@ -141,8 +141,5 @@ __device__ __forceinline__ void merge_row(const MergeParams& p) {
     ptxattn::merge::merge_row<TIN, TOUT>(p);                                       \
   }
 
-PTXATTN_MERGE_VARIANT(merge_f32_f16, float, __half)
-PTXATTN_MERGE_VARIANT(merge_f32_bf16, float, __nv_bfloat16)
-PTXATTN_MERGE_VARIANT(merge_f32_f32, float, float)
-PTXATTN_MERGE_VARIANT(merge_f16_f16, __half, __half)
-PTXATTN_MERGE_VARIANT(merge_bf16_bf16, __nv_bfloat16, __nv_bfloat16)
+// One line a variant of the merge table of cu/variants.json, made by scripts/build_ptx.py.
+#include "variants.inc"

@@ -319,6 +319,5 @@ using ptxattn::softmax::SoftmaxParams;
     ptxattn::softmax::cols<T>(p);                                                                 \
   }
 
-PTXATTN_SOFTMAX_KERNELS(f32, float)
-PTXATTN_SOFTMAX_KERNELS(f16, __half)
-PTXATTN_SOFTMAX_KERNELS(bf16, __nv_bfloat16)
+// One line a variant of the softmax table of cu/variants.json, made by scripts/build_ptx.py.
+#include "variants.inc"

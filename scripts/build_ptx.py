@@ -4,6 +4,10 @@
     python scripts/build_ptx.py            # rebuild ptx/ from cu/variants.json
     python scripts/build_ptx.py --check    # rebuild into a temp dir; fail if ptx/ differs
 
+cu/variants.json is the table: a family's `kernels` are entry points written out in its
+source; its `variants` become lines of the header variants.inc, which exists only in NVRTC's
+memory (see VARIANT_LINES); the manifest carries both, with every variant's parameters.
+
 NVRTC comes from the nvidia-cuda-nvrtc-cu12 wheel and is always loaded through ctypes, so
 the build works whichever major version of cuda-python is installed; cuda_fp16.h and
 cuda_bf16.h come from the nvidia-cuda-runtime-cu12 wheel's include/ folder. Both are pinned
@@ -55,10 +59,13 @@ class Nvrtc:
             self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
             raise RuntimeError(f"{what} failed: {self.lib.nvrtcGetErrorString(status).decode()}")
 
-    def compile(self, source: str, name: str, options: list[str]) -> str:
+    def compile(self, source: str, name: str, options: list[str], headers: dict[str, str]) -> str:
+        """PTX of `source`; `headers` maps include names to contents NVRTC finds first."""
         prog = ctypes.c_void_p()
-        self._check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
-                    "nvrtcCreateProgram")
+        contents = (ctypes.c_char_p * len(headers))(*(text.encode() for text in headers.values()))
+        names = (ctypes.c_char_p * len(headers))(*(include.encode() for include in headers))
+        self._check(self.lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), len(headers),
+                                                contents, names), "nvrtcCreateProgram")
         try:
             argv = (ctypes.c_char_p * len(options))(*(o.encode() for o in options))
             status = self.lib.nvrtcCompileProgram(prog, len(options), argv)
@@ -81,6 +88,67 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# ---- variants.inc: the lines that define a family's variants ---------------------------------
+# One generator a family with variants: (line, the kernels it defines) for each variant, in
+# table order. The PTX follows the order of definition: reordering the table changes it.
+C_TYPES = {"f16": "__half", "bf16": "__nv_bfloat16", "f32": "float"}
+
+
+def c_literal(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _flash_fwd(info):
+    for v in info["variants"]:
+        suffix = v["suffix"] + ("_general" if v["general"] else "")
+        tile = ", ".join(c_literal(v[k]) for k in ("general", "dim_qk", "dim_v", "warps", "m_tiles", "keys", "stages",
+                                            "q_in_regs"))
+        for dtype in info["dtypes"]:
+            name = f"flash_fwd_{dtype}_{suffix}"
+            yield f"FLASH_FWD_TC({name}, {C_TYPES[dtype]}, {tile})", [name]
+
+
+def _flash_fwd_sm90(info):
+    for v in info["variants"]:
+        for dtype in info["dtypes"]:
+            name = f"flash_fwd_sm90_{dtype}_d{v['dim']}"
+            yield f"FLASH_FWD_SM90({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']})", [name]
+
+
+def _decode(info):
+    for v in info["variants"]:
+        name = f"decode_split_{v['dtype']}_d{v['d']}"
+        yield f"PTXATTN_DECODE_VARIANT({name}, {C_TYPES[v['dtype']]}, {v['d']})", [name]
+
+
+def _merge(info):
+    for v in info["variants"]:
+        name = f"merge_{v['in']}_{v['out']}"
+        yield f"PTXATTN_MERGE_VARIANT({name}, {C_TYPES[v['in']]}, {C_TYPES[v['out']]})", [name]
+
+
+def _softmax(info):
+    for v in info["variants"]:
+        dtype = v["dtype"]
+        yield (f"PTXATTN_SOFTMAX_KERNELS({dtype}, {C_TYPES[dtype]})",
+               [f"softmax_{kind}_{dtype}" for kind in ("rows_warp", "rows_block", "cols")])
+
+
+VARIANT_LINES = {"flash_fwd": _flash_fwd, "flash_fwd_sm90": _flash_fwd_sm90, "decode": _decode,
+                 "merge": _merge, "softmax": _softmax}
+
+
+def expand(family: str, info: dict) -> tuple[dict[str, str], list[str]]:
+    """The in-memory headers a family compiles with and every kernel it defines."""
+    if "variants" not in info:
+        return {}, list(info["kernels"])
+    lines, kernels = [], list(info.get("kernels", []))
+    for line, names in VARIANT_LINES[family](info):
+        lines.append(line)
+        kernels += names
+    return {"variants.inc": "\n".join(lines) + "\n"}, kernels
+
+
 def build(out: Path) -> None:
     table = json.loads((CU / "variants.json").read_text())
     nvrtc = Nvrtc()
@@ -88,15 +156,16 @@ def build(out: Path) -> None:
     # Include paths are absolute on the build machine; they are not part of the recorded
     # options (they do not change the PTX).
     paths = [f"-I{include}", f"-I{CU}"]
-    jobs = []
+    headers, kernels, jobs = {}, {}, []
     for family, info in table["families"].items():
+        headers[family], kernels[family] = expand(family, info)
         for arch in info.get("archs", table["default_archs"]):
             options = COMMON_OPTIONS + info.get("options", []) + [f"--gpu-architecture={arch.replace('sm_', 'compute_')}"]
             jobs.append((family, info, arch, options))
 
     def compile_one(job):
         family, info, arch, options = job
-        return nvrtc.compile((CU / info["source"]).read_text(), info["source"], options + paths)
+        return nvrtc.compile((CU / info["source"]).read_text(), info["source"], options + paths, headers[family])
 
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(compile_one, jobs))
@@ -104,7 +173,7 @@ def build(out: Path) -> None:
     families, isa_versions = {}, set()
     for (family, info, arch, options), ptx in zip(jobs, results):
         entries = set(re.findall(r"^\.(?:visible )?\.entry (\w+)\(", ptx, flags=re.M))
-        listed = set(info["kernels"])
+        listed = set(kernels[family])
         if entries != listed:
             raise SystemExit(
                 f"build_ptx: {family} for {arch}: cu/variants.json and the PTX disagree; only in the "
@@ -120,6 +189,7 @@ def build(out: Path) -> None:
             "archs": [],
             "kernels": sorted(listed),
             "ptx_sha256": {},
+            **{key: info[key] for key in ("dtypes", "variants") if key in info},
         })
         entry["archs"].append(arch)
         entry["ptx_sha256"][arch] = sha256(ptx.encode())

@@ -8,9 +8,9 @@
                                                  # candidate on the bench_prefill shapes
 
 Each candidate's output is compared with PyTorch flash's, so a fast wrong tile shows; "*"
-marks the tile the table ships. The variant tables in cu/flash_fwd.cu and cu/flash_fwd_sm90.cu
-(and _VARIANTS / _SM90_TILES in runtime/ops/attention.py) take the winners. Loading the module JIT-compiles every
-candidate first (seconds each): allow for it in a device call's time limit.
+marks the tile the table ships. The flash_fwd and flash_fwd_sm90 tables of cu/variants.json
+take the winners. Loading the module JIT-compiles every candidate first (seconds each): allow
+for it in a device call's time limit.
 """
 from __future__ import annotations
 
@@ -43,20 +43,20 @@ def kernel_name(tile) -> str:
 
 
 def build(out: Path) -> None:
-    from build_ptx import CU, COMMON_OPTIONS, Nvrtc, _wheel_dir
+    from build_ptx import CU, COMMON_OPTIONS, Nvrtc, _wheel_dir, c_literal
 
-    # The kernel templates without the shipped table: only the candidates get compiled.
-    lines = [(CU / "flash_fwd.cu").read_text().split("// ---- variant table")[0]]
-    for tile in CANDIDATES:
-        args = ", ".join(str(x).lower() for x in tile)
-        lines.append(f"FLASH_FWD_TC({kernel_name(tile)}, __nv_bfloat16, false, {args})")
     include = _wheel_dir("nvidia.cuda_runtime", "include")
     options = COMMON_OPTIONS + [f"-I{include}", f"-I{CU}"]
-    out.write_text(Nvrtc().compile("\n".join(lines) + "\n", "sdpa_tune.cu", options + ["--gpu-architecture=compute_90"]))
-    sm90 = [(CU / "flash_fwd_sm90.cu").read_text()]
-    sm90 += [f"FLASH_FWD_SM90({sm90_kernel_name(t)}, __nv_bfloat16, {t[0]}, {t[1]})" for t in SM90_CANDIDATES]
-    options += ["--gpu-architecture=compute_90a", "-DPTXATTN_SM90_TABLE"]
-    _sm90_path(out).write_text(Nvrtc().compile("\n".join(sm90) + "\n", "sdpa_tune_sm90.cu", options))
+
+    def compile_with(source: str, arch: str, lines: list[str]) -> str:
+        # The candidates take the place of the shipped variants (build_ptx's variants.inc).
+        return Nvrtc().compile((CU / source).read_text(), source, options + [f"--gpu-architecture={arch}"],
+                               {"variants.inc": "\n".join(lines) + "\n"})
+
+    out.write_text(compile_with("flash_fwd.cu", "compute_90", [
+        f"FLASH_FWD_TC({kernel_name(t)}, __nv_bfloat16, false, {', '.join(map(c_literal, t))})" for t in CANDIDATES]))
+    _sm90_path(out).write_text(compile_with("flash_fwd_sm90.cu", "compute_90a", [
+        f"FLASH_FWD_SM90({sm90_kernel_name(t)}, __nv_bfloat16, {t[0]}, {t[1]})" for t in SM90_CANDIDATES]))
     print(f"sdpa_tune: {len(CANDIDATES)} + {len(SM90_CANDIDATES)} candidates -> {out}, {_sm90_path(out)}")
 
 
@@ -74,11 +74,12 @@ def run(ptx_path: Path) -> None:
     from ptxattn.driver import call, cu
     from ptxattn.module import Kernel, load_ptx
     from ptxattn.ops import attention
+    from ptxattn.variants import Sm90Tile, TcTile, sdpa_tiles, sm90_tiles
 
     device = ptxattn.get_device(0)
     stream = ptxattn.as_stream(torch.cuda.current_stream())
     flash = torch_sdpa_backends()["torch_flash"]
-    shipped = {variant.plain for variant in attention._VARIANTS}
+    shipped = {variant.plain for variant in sdpa_tiles().values()}
     def load(path, names):
         with on_device(device):
             module = load_ptx(path.read_bytes(), str(path), device)
@@ -87,13 +88,12 @@ def run(ptx_path: Path) -> None:
     # (kernel, rows a CTA, threads, shared bytes, Dqk, shipped) per candidate.
     candidates = []
     for tile, kernel in zip(CANDIDATES, load(ptx_path, [kernel_name(t) for t in CANDIDATES])):
-        shape = attention._Tile(*tile)
-        candidates.append((kernel, shape.rows, 32 * shape.warps, shape.shared_bytes, tile[0], shape in shipped))
+        shape = TcTile(*tile)
+        candidates.append((kernel, shape.rows, shape.threads, shape.shared_bytes, tile[0], shape in shipped))
     sm90 = load(_sm90_path(ptx_path), [sm90_kernel_name(t) for t in SM90_CANDIDATES])
     for (dim, groups), kernel in zip(SM90_CANDIDATES, sm90):
-        shape = attention._Sm90Tile(dim, groups)
-        candidates.append((kernel, shape.rows, shape.threads, shape.shared_bytes, dim,
-                           attention._SM90_TILES.get(dim) == shape))
+        shape = Sm90Tile(dim, groups)
+        candidates.append((kernel, shape.rows, shape.threads, shape.shared_bytes, dim, sm90_tiles().get(dim) == shape))
     print(f"{'shape':<34} {'kernel':<28} {'smem':>6} {'ms':>8} {'TFLOP/s':>8} {'rel_err':>8}")
     for b, hq, hkv, s, d, causal in SHAPES:
         gen = torch.Generator(device="cuda").manual_seed(0)

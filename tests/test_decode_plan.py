@@ -1,21 +1,13 @@
 """Split-KV planning arithmetic (no GPU): the grid covers every key exactly once, fills the
-SMs in one wave on a long single sequence, and depends on nothing but shapes and the device; the ctypes
-parameter structs mirror the kernels' structs field for field."""
+SMs in one wave on a long single sequence, and depends on nothing but shapes and the device."""
 from __future__ import annotations
-
-import ctypes
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import ptxattn
 from ptxattn import Device
-from ptxattn.ops.decode import MIN_KEYS_PER_SPLIT, SPLIT_ALIGN, DecodeParams, plan_decode
-from ptxattn.ops.merge import MergeParams
-
-CU = Path(__file__).resolve().parent.parent / "cu"
+from ptxattn.ops.decode import MIN_KEYS_PER_SPLIT, SPLIT_ALIGN, plan_decode
 
 H200 = dict(sm_count=132, max_shared=232448)
 BF16 = ptxattn.bfloat16
@@ -103,21 +95,3 @@ def test_workspace_bytes_helper_matches_the_plan():
     table = np.zeros((64, 512), np.int32)
     assert ptxattn.paged_decode_workspace_bytes(q, pool, pool, table, device=device) == \
         plan(dtype=np.float16).workspace_bytes
-
-
-def c_struct_fields(source: Path, struct: str) -> list[tuple[str, int]]:
-    """(name, bytes) of each field of `struct` in a kernel source, in order."""
-    body = re.search(rf"struct {struct} {{(.*?)\n}};", source.read_text(), re.S).group(1)
-    fields = []
-    for decl in re.sub(r"//[^\n]*", "", body).split(";"):
-        if decl.strip():
-            ctype, names = re.fullmatch(r"(.*?[\s*])(\w+(?:\s*,\s*\w+)*)", decl.strip(), re.S).groups()
-            size = 8 if "*" in ctype or "long long" in ctype else 4
-            fields += [(name.strip(), size) for name in names.split(",")]
-    return fields
-
-
-@pytest.mark.parametrize("source, struct, mirror", [("decode.cu", "DecodeParams", DecodeParams),
-                                                    ("merge.cu", "MergeParams", MergeParams)])
-def test_param_struct_mirrors_the_kernel(source, struct, mirror):
-    assert c_struct_fields(CU / source, struct) == [(name, ctypes.sizeof(t)) for name, t in mirror._fields_]

@@ -2,13 +2,12 @@
 what it expected and what it got; plus the planning arithmetic (no GPU needed)."""
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
 
 import ptxattn
 from ptxattn.ops import attention
+from ptxattn.variants import sdpa_tiles, sm90_tiles
 
 
 def _qkv(b=1, hq=4, hkv=2, sq=3, skv=5, dqk=8, dv=8, dtype=np.float16):
@@ -88,12 +87,6 @@ def test_mixed_host_and_device_arrays_are_refused():
 
 
 # ---- planning -------------------------------------------------------------------------
-def test_param_struct_matches_the_kernel_layout():
-    # cu/flash_fwd.cu FlashFwdParams: 7 pointers, 16 int64 strides, 12 int32/float fields.
-    assert ctypes.sizeof(attention._FlashFwdParams) == 7 * 8 + 16 * 8 + 14 * 4
-    assert attention._FlashFwdParams.scale.offset == 7 * 8 + 16 * 8 + 10 * 4
-
-
 def test_vector_io_needs_aligned_rows():
     class Fake:  # what _vector_io_ok reads from a DeviceArray
         def __init__(self, ptr, shape, strides):
@@ -116,7 +109,7 @@ def test_tile_choice(dqk, dv, suffix):
 
 def test_every_tile_fits_sm86_shared_memory():
     # sm_86 / sm_89 give a block at most 99 KiB of shared memory; the PTX targets them too.
-    for variant in attention._VARIANTS:
+    for variant in sdpa_tiles().values():
         for tile in (variant.plain, variant.general):
             assert tile.shared_bytes <= 99 * 1024, tile
     name, grid, block, shared = attention._plan(np.dtype(np.float32), 2, 3, 9, 256, 256, False, True)
@@ -143,7 +136,7 @@ def test_plan_wgmma_kernel_on_sm90():
     # Three warpgroups of 64 query rows; Q + two stages of 128-key K and V tiles, aligned base.
     assert name == "flash_fwd_sm90_bf16_d128" and grid == (21, 32, 4) and block == (384, 1, 1)
     assert shared == 2 * 128 * (192 + 4 * 128) + 1024 <= 227 * 1024
-    for tile in attention._SM90_TILES.values():
+    for tile in sm90_tiles().values():
         assert tile.shared_bytes <= 227 * 1024, tile
     # Everything else keeps the mma.sync kernels.
     assert attention._plan(np.dtype(np.float16), 1, 2, 300, 128, 128, True, True)[0] == "flash_fwd_f16_d128_general"

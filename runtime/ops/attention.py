@@ -15,6 +15,7 @@ import numpy as np
 from ..array import DeviceArray
 from ..dtypes import bfloat16
 from ..module import ParamStruct, loaded_arch
+from ..variants import SdpaVariant, sdpa_tiles, sm90_tiles
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_nonnegative_strides,
                      check_output, check_sinks, check_unit_last_stride, parse_scale, parse_softcap, parse_window,
                      require)
@@ -27,79 +28,6 @@ _DTYPE_NAME = {np.dtype(np.float16): "f16", bfloat16: "bf16", np.dtype(np.float3
 _MASK_KIND = {np.dtype(np.bool_): 1, np.dtype(np.float32): 2, np.dtype(np.float16): 3, bfloat16: 4}
 _MAX_HEAD_DIM = 256
 _F32_WARPS = 4  # F32_WARPS in cu/flash_fwd.cu
-
-
-@dataclass(frozen=True)
-class _Tile:
-    """One TcTile<...> of cu/flash_fwd.cu (its FLASH_FWD_TC_DTYPES table)."""
-    dim_qk: int
-    dim_v: int
-    warps: int
-    m_tiles: int  # m16 tiles (16 query rows each) per warp
-    keys: int  # keys per K/V tile
-    stages: int
-    q_in_regs: bool
-
-    @property
-    def rows(self) -> int:
-        return 16 * self.m_tiles * self.warps
-
-    @property
-    def shared_bytes(self) -> int:
-        stage = self.keys * (self.dim_qk + self.dim_v)
-        # Q_IN_STAGE in the kernel: Q held in registers borrows the last stage.
-        q_in_stage = self.q_in_regs and self.rows * self.dim_qk <= stage
-        return 2 * (self.stages * stage + (0 if q_in_stage else self.rows * self.dim_qk))
-
-
-@dataclass(frozen=True)
-class _Variant:
-    """A head-dim variant: flash_fwd_<dtype>_<suffix> runs calls with plain scores (no
-    mask, no softcap, scale > 0), flash_fwd_<dtype>_<suffix>_general the rest."""
-    suffix: str
-    plain: _Tile
-    general: _Tile
-
-    @property
-    def dim_qk(self) -> int:
-        return self.plain.dim_qk
-
-    @property
-    def dim_v(self) -> int:
-        return self.plain.dim_v
-
-
-@dataclass(frozen=True)
-class _Sm90Tile:
-    """One Sm90Tile<D, GROUPS> of cu/flash_fwd_sm90.cu (wgmma, sm_90a PTX): GROUPS warpgroups
-    of 64 query rows, 128-key K/V tiles, Dqk = Dv = dim."""
-    dim: int
-    groups: int
-
-    @property
-    def rows(self) -> int:
-        return 64 * self.groups
-
-    @property
-    def threads(self) -> int:
-        return 128 * self.groups
-
-    @property
-    def shared_bytes(self) -> int:
-        # Q, two stages of K and V, and 1024 bytes to align the base for the swizzle.
-        return 2 * self.dim * (self.rows + 4 * 128) + 1024
-
-
-# Mirrors the FLASH_FWD_SM90_DTYPES table of cu/flash_fwd_sm90.cu.
-_SM90_TILES = {64: _Sm90Tile(64, 3), 128: _Sm90Tile(128, 3)}
-
-# Smallest first: a head dim runs on the first variant that holds it (zero-padded).
-_VARIANTS = (
-    _Variant("d64", _Tile(64, 64, 4, 2, 64, 3, True), _Tile(64, 64, 8, 1, 128, 2, True)),
-    _Variant("d128", _Tile(128, 128, 4, 2, 64, 2, False), _Tile(128, 128, 8, 1, 64, 3, True)),
-    _Variant("d192_128", _Tile(192, 128, 4, 2, 32, 2, False), _Tile(192, 128, 8, 1, 32, 2, True)),
-    _Variant("d256", _Tile(256, 256, 4, 1, 32, 2, False), _Tile(256, 256, 4, 1, 32, 2, False)),
-)
 
 
 class _FlashFwdParams(ParamStruct):
@@ -197,8 +125,9 @@ def _validate(a: dict, causal, causal_align, window, scale, softcap, return_lse,
 
 
 # ---- planning ----------------------------------------------------------------------
-def _pick_variant(dqk: int, dv: int) -> _Variant:
-    return next(v for v in _VARIANTS if dqk <= v.dim_qk and dv <= v.dim_v)
+def _pick_variant(dqk: int, dv: int) -> SdpaVariant:
+    """The smallest head-dim variant that holds Dqk and Dv (zero-padded)."""
+    return next(v for v in sdpa_tiles().values() if dqk <= v.dim_qk and dv <= v.dim_v)
 
 
 def _plan(dtype, batch, hq, sq, dqk, dv, general, wgmma):
@@ -209,14 +138,14 @@ def _plan(dtype, batch, hq, sq, dqk, dv, general, wgmma):
         k_pitch = dqk | 1
         shared = 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk)
         return "flash_fwd_f32", (-(-sq // _F32_WARPS), hq, batch), (32 * _F32_WARPS, 1, 1), shared
-    if wgmma and not general and dqk == dv and dqk in _SM90_TILES:
-        tile = _SM90_TILES[dqk]
-        name = f"flash_fwd_sm90_{_DTYPE_NAME[dtype]}_d{dqk}"
-        return name, (-(-sq // tile.rows), hq, batch), (tile.threads, 1, 1), tile.shared_bytes
+    if wgmma and not general and dqk == dv and dqk in sm90_tiles():
+        tile = sm90_tiles()[dqk]
+        return tile.kernel(_DTYPE_NAME[dtype]), (-(-sq // tile.rows), hq, batch), (tile.threads, 1, 1), \
+            tile.shared_bytes
     variant = _pick_variant(dqk, dv)
     tile = variant.general if general else variant.plain
-    name = f"flash_fwd_{_DTYPE_NAME[dtype]}_{variant.suffix}{'_general' if general else ''}"
-    return name, (-(-sq // tile.rows), hq, batch), (32 * tile.warps, 1, 1), tile.shared_bytes
+    return variant.kernel(_DTYPE_NAME[dtype], general), (-(-sq // tile.rows), hq, batch), (tile.threads, 1, 1), \
+        tile.shared_bytes
 
 
 @functools.lru_cache(maxsize=None)

@@ -20,6 +20,7 @@ from ..context import default_device
 from ..faults import fault_buffer
 from ..memory import ALIGNMENT, WorkspaceLayout
 from ..module import ParamStruct
+from ..variants import DECODE_KEYS_PER_BLOCK, DECODE_THREADS, DECODE_WARPS, DecodeTile, decode_d_tiles
 from .checks import (ATTENTION_DTYPES, MAX_GRID_YZ, check_attention_dtype, check_flag, check_host_values,
                      check_index_array, check_output, check_rank, check_row_bytes, check_same_dtype, check_sinks,
                      parse_layout, parse_scale, parse_softcap, parse_window, require)
@@ -29,15 +30,12 @@ from .prepared import Op
 
 __all__ = ["decode", "decode_workspace_bytes", "plan_decode", "DecodePlan"]
 
-KEYS_PER_BLOCK = 16      # kBlockKeys in cu/decode.cu: keys a warp group takes per step
-THREADS = 128            # kThreads
-WARPS = THREADS // 32
-SPLIT_ALIGN = KEYS_PER_BLOCK * WARPS  # keys_per_split is a multiple: full splits give every group as many blocks
-D_TILES = (64, 128, 256)  # the decode_split_<dt>_d<D> variants (float32 stops at 128)
+THREADS = DECODE_THREADS
+SPLIT_ALIGN = DECODE_KEYS_PER_BLOCK * DECODE_WARPS  # keys_per_split is a multiple: full splits give every
+#                                                   # group as many blocks
 MAX_SQ = 16
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
 MAX_STAGES = 4            # cu/decode.cu waits on at most 3 groups in flight
-MERGE_ROW_PAD = 8         # kPartStride - D_TILE: floats of padding per row of the end-of-CTA merge
 SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): an SM holds opt-in max + this
 # Why one wave of splits, rings deep enough for two CTAs an SM, a direct write with one split,
 # and the largest shared-memory carveout: each was measured against its alternatives on the
@@ -87,24 +85,17 @@ class DecodePlan:
         return self.workspace.nbytes
 
 
-def d_tile_for(dtype, dqk: int, dv: int) -> int | None:
-    tiles = D_TILES if np.dtype(dtype).itemsize == 2 else D_TILES[:2]
-    return next((d for d in tiles if d >= max(dqk, dv)), None)
+def d_tile_for(dtype, dqk: int, dv: int) -> DecodeTile | None:
+    """The smallest head-dim tile of decode's kernels in `dtype` that holds Dqk and Dv."""
+    tiles = decode_d_tiles(ATTENTION_DTYPES[np.dtype(dtype)])
+    return next((t for t in tiles if t.d >= max(dqk, dv)), None)
 
 
-def shared_bytes(d_tile: int, itemsize: int, warps_m: int, stages: int) -> int:
-    """The query tile, each warp group's K/V ring, or (reusing it) the end-of-CTA merge."""
-    groups = WARPS // warps_m
-    ring = (16 * warps_m + groups * stages * 2 * KEYS_PER_BLOCK) * d_tile * itemsize
-    merge = (2 + d_tile + MERGE_ROW_PAD) * 16 * WARPS * 4
-    return max(ring, merge)
-
-
-def ring_depth(d_tile: int, itemsize: int, warps_m: int, max_shared: int) -> int:
+def ring_depth(tile: DecodeTile, warps_m: int, max_shared: int) -> int:
     """The deepest ring that still lets two CTAs share an SM (eight warps streaming); failing
     that the deepest one CTA can hold; 2 when none fits (plan_decode reports it)."""
     per_sm = max_shared + SHARED_RESERVED_PER_CTA
-    need = {s: shared_bytes(d_tile, itemsize, warps_m, s) for s in range(MAX_STAGES, 1, -1)}
+    need = {s: tile.shared_bytes(warps_m, s) for s in range(MAX_STAGES, 1, -1)}
     fits = [s for s, n in need.items() if n <= max_shared]
     two_per_sm = [s for s in fits if 2 * (need[s] + SHARED_RESERVED_PER_CTA) <= per_sm]
     return (two_per_sm or fits or [2])[0]
@@ -119,13 +110,13 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
     MIN_KEYS_PER_SPLIT keys. `stages` overrides the ring depth, `ctas_per_sm` the CTAs an SM is
     taken to hold and `waves` the grid target (benchmarks)."""
     dtype = np.dtype(dtype)
-    d_tile = d_tile_for(dtype, dqk, dv)
+    tile = d_tile_for(dtype, dqk, dv)
     rows = hq // hkv * sq  # query rows sharing one kv head
     warps_m = 1 if rows <= 16 else 2 if rows <= 32 else 4
     row_blocks = _ceil_div(rows, 16 * warps_m)
     if stages is None:
-        stages = ring_depth(d_tile, dtype.itemsize, warps_m, max_shared)
-    smem = shared_bytes(d_tile, dtype.itemsize, warps_m, stages)
+        stages = ring_depth(tile, warps_m, max_shared)
+    smem = tile.shared_bytes(warps_m, stages)
     if smem > max_shared:
         raise ValueError(f"decode: head dim {max(dqk, dv)} in {dtype} needs {smem} bytes of shared memory per "
                          f"block, the device allows {max_shared}")
@@ -139,7 +130,7 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
     # One split writes the final o and lse itself: no partials to hold.
     workspace = WorkspaceLayout(o_part=partials * dv * 4, lse_part=partials * 4) if splits > 1 else WorkspaceLayout()
     return DecodePlan(
-        kernel=f"decode_split_{ATTENTION_DTYPES[dtype]}_d{d_tile}",
+        kernel=tile.kernel,
         grid=(hkv * row_blocks, batch, splits),
         shared_bytes=smem,
         stages=stages,
@@ -197,7 +188,7 @@ def check_query(op: str, q, k: CacheShape, v: CacheShape) -> None:
     if dqk != k.dim:
         raise ValueError(f"{op}: q's Dqk ({dqk}) must equal the key cache's D ({k.dim})")
     if d_tile_for(q.dtype, dqk, v.dim) is None:
-        top = D_TILES[-1] if np.dtype(q.dtype).itemsize == 2 else D_TILES[-2]
+        top = decode_d_tiles(ATTENTION_DTYPES[np.dtype(q.dtype)])[-1].d
         raise ValueError(f"{op}: head dims up to {top} are supported for {q.dtype}, got Dqk={dqk}, Dv={v.dim}")
     check_row_bytes(op, "q", q)
 

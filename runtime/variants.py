@@ -1,0 +1,170 @@
+"""The kernels' compile-time variants, read from ptx/manifest.json.
+
+cu/variants.json is the one table of variants: scripts/build_ptx.py generates the kernels'
+instantiations from it and copies it into the manifest, so what is here is what the PTX holds.
+Every view is typed, read-only and built once. Dtypes are named as in kernel names: "f16",
+"bf16", "f32".
+
+What it replaces in runtime/ops (the hand-kept copies of the table):
+- attention.py: `_VARIANTS` -> `sdpa_tiles().values()` (`_Variant` -> `SdpaVariant`, `_Tile` ->
+  `TcTile`), `_SM90_TILES` -> `sm90_tiles()` (`_Sm90Tile` -> `Sm90Tile`); kernel names from
+  `SdpaVariant.kernel(dtype, general)` and `Sm90Tile.kernel(dtype)`.
+- decode.py: `D_TILES` and `d_tile_for` -> `decode_d_tiles(dtype)`, `shared_bytes(d_tile,
+  itemsize, warps_m, stages)` -> `DecodeTile.shared_bytes(warps_m, stages)`, the kernel name ->
+  `DecodeTile.kernel`; THREADS, WARPS, KEYS_PER_BLOCK, MERGE_ROW_PAD -> the DECODE_* constants.
+- merge.py, softmax.py: which kernels exist -> `merge_dtypes()`, `softmax_dtypes()`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from .module import manifest
+
+__all__ = ["TcTile", "SdpaVariant", "Sm90Tile", "DecodeTile", "sdpa_tiles", "sm90_tiles", "decode_d_tiles",
+           "merge_dtypes", "softmax_dtypes", "DECODE_THREADS", "DECODE_WARPS", "DECODE_KEYS_PER_BLOCK",
+           "DECODE_MERGE_ROW_PAD"]
+
+# Constants of cu/decode.cu that its shared-memory size depends on.
+DECODE_THREADS = 128        # kThreads
+DECODE_WARPS = DECODE_THREADS // 32
+DECODE_KEYS_PER_BLOCK = 16  # kBlockKeys: keys a warp group takes per step
+DECODE_MERGE_ROW_PAD = 8    # kPartStride - D_TILE: floats of padding per row of the end-of-CTA merge
+_ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4}
+
+
+def _variants(family: str) -> list[dict]:
+    return manifest()["families"][family]["variants"]
+
+
+def _from_record(cls, record: dict):
+    return cls(**{field.name: record[field.name] for field in dataclasses.fields(cls)})
+
+
+@dataclass(frozen=True)
+class TcTile:
+    """TcTile<dim_qk, dim_v, warps, m_tiles, keys, stages, q_in_regs> of cu/flash_fwd.cu."""
+    dim_qk: int
+    dim_v: int
+    warps: int
+    m_tiles: int  # m16 tiles (16 query rows each) per warp
+    keys: int  # keys per K/V tile
+    stages: int
+    q_in_regs: bool
+
+    @property
+    def rows(self) -> int:
+        return 16 * self.m_tiles * self.warps
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+    @property
+    def shared_bytes(self) -> int:
+        stage = self.keys * (self.dim_qk + self.dim_v)
+        # Q_IN_STAGE in the kernel: Q held in registers borrows the last stage.
+        q_in_stage = self.q_in_regs and self.rows * self.dim_qk <= stage
+        return 2 * (self.stages * stage + (0 if q_in_stage else self.rows * self.dim_qk))
+
+
+@dataclass(frozen=True)
+class SdpaVariant:
+    """A head-dim variant of cu/flash_fwd.cu: flash_fwd_<dtype>_<suffix> runs calls with plain
+    scores (no mask, no softcap, scale > 0) on the `plain` tile, flash_fwd_<dtype>_<suffix>_general
+    the rest on the `general` one."""
+    suffix: str
+    plain: TcTile
+    general: TcTile
+
+    @property
+    def dim_qk(self) -> int:
+        return self.plain.dim_qk
+
+    @property
+    def dim_v(self) -> int:
+        return self.plain.dim_v
+
+    def kernel(self, dtype: str, general: bool) -> str:
+        return f"flash_fwd_{dtype}_{self.suffix}{'_general' if general else ''}"
+
+
+@dataclass(frozen=True)
+class Sm90Tile:
+    """Sm90Tile<dim, groups> of cu/flash_fwd_sm90.cu (wgmma, sm_90a PTX): `groups` warpgroups of
+    64 query rows, 128-key K/V tiles, Dqk = Dv = dim."""
+    dim: int
+    groups: int
+
+    @property
+    def rows(self) -> int:
+        return 64 * self.groups
+
+    @property
+    def threads(self) -> int:
+        return 128 * self.groups
+
+    @property
+    def shared_bytes(self) -> int:
+        # Q, two stages of K and V, and 1024 bytes to align the base for the swizzle.
+        return 2 * self.dim * (self.rows + 4 * 128) + 1024
+
+    def kernel(self, dtype: str) -> str:
+        return f"flash_fwd_sm90_{dtype}_d{self.dim}"
+
+
+@dataclass(frozen=True)
+class DecodeTile:
+    """decode_split<T, d> of cu/decode.cu: query, K and V rows padded to d elements."""
+    dtype: str
+    d: int
+
+    @property
+    def kernel(self) -> str:
+        return f"decode_split_{self.dtype}_d{self.d}"
+
+    def shared_bytes(self, warps_m: int, stages: int) -> int:
+        """The query tile, each warp group's K/V ring, or (reusing it) the end-of-CTA merge."""
+        groups = DECODE_WARPS // warps_m
+        ring = (16 * warps_m + groups * stages * 2 * DECODE_KEYS_PER_BLOCK) * self.d * _ITEMSIZE[self.dtype]
+        merge = (2 + self.d + DECODE_MERGE_ROW_PAD) * 16 * DECODE_WARPS * 4
+        return max(ring, merge)
+
+
+@functools.cache
+def sdpa_tiles() -> Mapping[str, SdpaVariant]:
+    """flash_fwd's head-dim variants by suffix ("d64", "d128", ...), smallest first: a call
+    runs on the first that holds its Dqk and Dv."""
+    tiles = {(v["suffix"], v["general"]): _from_record(TcTile, v) for v in _variants("flash_fwd")}
+    variants = [SdpaVariant(suffix, tiles[suffix, False], tiles[suffix, True])
+                for suffix in dict.fromkeys(suffix for suffix, _ in tiles)]
+    variants.sort(key=lambda v: (v.dim_qk, v.dim_v))
+    return MappingProxyType({v.suffix: v for v in variants})
+
+
+@functools.cache
+def sm90_tiles() -> Mapping[int, Sm90Tile]:
+    """flash_fwd_sm90's tiles by head dim (Dqk = Dv)."""
+    return MappingProxyType({v["dim"]: _from_record(Sm90Tile, v) for v in _variants("flash_fwd_sm90")})
+
+
+@functools.cache
+def decode_d_tiles(dtype: str) -> tuple[DecodeTile, ...]:
+    """decode's head-dim tiles in `dtype`, smallest first (none for a dtype it lacks)."""
+    return tuple(sorted((DecodeTile(dtype, v["d"]) for v in _variants("decode") if v["dtype"] == dtype),
+                        key=lambda tile: tile.d))
+
+
+@functools.cache
+def merge_dtypes() -> frozenset[tuple[str, str]]:
+    """(input, output) dtypes of each merge_<in>_<out> kernel."""
+    return frozenset((v["in"], v["out"]) for v in _variants("merge"))
+
+
+@functools.cache
+def softmax_dtypes() -> tuple[str, ...]:
+    """The dtypes of the softmax_{rows_warp,rows_block,cols}_<dtype> kernels."""
+    return tuple(v["dtype"] for v in _variants("softmax"))

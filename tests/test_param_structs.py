@@ -1,0 +1,73 @@
+"""Every ctypes parameter struct (a ParamStruct subclass in any module of ptxattn.ops) mirrors
+the C struct of its name in cu/ (leading underscores dropped), field by field: same names, same
+order, same types, hence the same offsets and size. Every `struct <Name>Params` in cu/ has a
+mirror. No GPU."""
+from __future__ import annotations
+
+import ctypes
+import importlib
+import pkgutil
+import re
+from pathlib import Path
+
+import pytest
+
+import ptxattn.ops
+from ptxattn.module import ParamStruct
+
+CU = Path(__file__).resolve().parent.parent / "cu"
+
+# The C field types the kernels' structs use (cu/README.md) and their ctypes mirrors.
+C_TYPES = {"long long": ctypes.c_int64, "int": ctypes.c_int32, "float": ctypes.c_float}
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+def mirrors() -> list[type]:
+    for module in pkgutil.iter_modules(ptxattn.ops.__path__):
+        importlib.import_module(f"ptxattn.ops.{module.name}")
+    return [cls for cls in _subclasses(ParamStruct) if cls.__module__.startswith("ptxattn.")]
+
+
+def c_name(mirror: type) -> str:
+    return mirror.__name__.lstrip("_")
+
+
+def _declared(decl: str) -> list[tuple[str, type]]:
+    """(name, ctypes type) of each declarator of one C declaration, e.g. `const float* sinks`."""
+    match = re.fullmatch(r"((?:\w+\s+)*?\w+)\s*([*\s]*\w+(?:\s*,\s*[*\s]*\w+)*)", decl.strip())
+    assert match, f"cannot parse the C field declaration {decl.strip()!r}"
+    base = " ".join(word for word in match.group(1).split() if word != "const")
+    fields = []
+    for declarator in match.group(2).split(","):
+        if "*" in declarator:
+            fields.append((declarator.replace("*", "").strip(), ctypes.c_void_p))
+        else:
+            assert base in C_TYPES, f"no ctypes mirror for the C type {base!r} of {declarator.strip()!r}"
+            fields.append((declarator.strip(), C_TYPES[base]))
+    return fields
+
+
+def c_structs() -> dict[str, list[tuple[str, type]]]:
+    structs = {}
+    for path in sorted(CU.glob("*.cu*")):
+        text = re.sub(r"//[^\n]*", "", path.read_text())
+        for name, body in re.findall(r"^struct (\w+Params) \{(.*?)^\};", text, flags=re.S | re.M):
+            structs[name] = [field for decl in body.split(";") if decl.strip() for field in _declared(decl)]
+    return structs
+
+
+MIRRORS, C_STRUCTS = mirrors(), c_structs()
+
+
+def test_every_c_struct_has_one_mirror():
+    assert sorted(c_name(mirror) for mirror in MIRRORS) == sorted(C_STRUCTS)
+
+
+@pytest.mark.parametrize("mirror", MIRRORS, ids=c_name)
+def test_mirror_matches_its_c_struct_field_by_field(mirror):
+    name = c_name(mirror)
+    assert name in C_STRUCTS, f"{mirror.__module__}.{mirror.__qualname__}: no struct {name} in cu/"
+    assert [(field, ctype) for field, ctype in mirror._fields_] == C_STRUCTS[name]

@@ -1,0 +1,65 @@
+"""runtime/variants.py: its views name exactly the kernels the manifest lists, and their derived
+sizes are the kernels' (no GPU)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ptxattn.module import manifest
+from ptxattn.variants import (DecodeTile, Sm90Tile, decode_d_tiles, merge_dtypes, sdpa_tiles, sm90_tiles,
+                              softmax_dtypes)
+
+DTYPES = ("f16", "bf16", "f32")
+
+
+def kernels(family: str) -> set[str]:
+    return set(manifest()["families"][family]["kernels"])
+
+
+def test_views_name_every_kernel_of_the_manifest():
+    sdpa_dtypes = manifest()["families"]["flash_fwd"]["dtypes"]
+    assert {v.kernel(dt, general) for v in sdpa_tiles().values() for dt in sdpa_dtypes
+            for general in (False, True)} | {"flash_fwd_f32"} == kernels("flash_fwd")
+    sm90_dtypes = manifest()["families"]["flash_fwd_sm90"]["dtypes"]
+    assert {t.kernel(dt) for t in sm90_tiles().values() for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
+    assert {t.kernel for dt in DTYPES for t in decode_d_tiles(dt)} == kernels("decode")
+    assert {f"merge_{a}_{b}" for a, b in merge_dtypes()} == kernels("merge")
+    assert {f"softmax_{kind}_{dt}" for kind in ("rows_warp", "rows_block", "cols")
+            for dt in softmax_dtypes()} == kernels("softmax")
+
+
+def test_sdpa_tiles_smallest_first_and_their_sizes():
+    tiles = sdpa_tiles()
+    assert list(tiles) == ["d64", "d128", "d192_128", "d256"]
+    d128 = tiles["d128"]
+    assert (d128.dim_qk, d128.dim_v, d128.plain.rows, d128.plain.threads) == (128, 128, 128, 128)
+    assert d128.plain.shared_bytes == 2 * (2 * 64 * 256 + 128 * 128)  # two stages of 64 keys (K and V) + Q
+    assert d128.general.shared_bytes == 2 * 3 * 64 * 256  # three stages; Q borrows the last one
+    # sm_86 / sm_89 give a block at most 99 KiB of shared memory; the PTX targets them too.
+    assert all(t.shared_bytes <= 99 * 1024 for v in tiles.values() for t in (v.plain, v.general))
+
+
+def test_sm90_tiles_and_their_sizes():
+    assert sm90_tiles() == {64: Sm90Tile(64, 3), 128: Sm90Tile(128, 3)}
+    tile = sm90_tiles()[128]
+    assert (tile.rows, tile.threads, tile.shared_bytes) == (192, 384, 2 * 128 * (192 + 4 * 128) + 1024)
+
+
+def test_decode_tiles_and_their_shared_bytes():
+    assert decode_d_tiles("bf16") == (DecodeTile("bf16", 64), DecodeTile("bf16", 128), DecodeTile("bf16", 256))
+    assert [t.d for t in decode_d_tiles("f32")] == [64, 128] and decode_d_tiles("f64") == ()
+    bf16_d128 = decode_d_tiles("bf16")[1]
+    assert bf16_d128.kernel == "decode_split_bf16_d128"
+    # One warp group a warp, three stages: Q's 16 rows + 4 rings of 3 x (16 K + 16 V) rows.
+    assert bf16_d128.shared_bytes(warps_m=1, stages=3) == (16 + 4 * 3 * 32) * 128 * 2
+    # One group of four warps, two stages: the end-of-CTA merge (16 rows a warp of 2 + 256 + 8
+    # floats) outgrows the ring.
+    assert DecodeTile("bf16", 256).shared_bytes(warps_m=4, stages=2) == (2 + 256 + 8) * 16 * 4 * 4
+
+
+def test_views_are_read_only():
+    with pytest.raises(TypeError):
+        sdpa_tiles()["d32"] = sdpa_tiles()["d64"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sm90_tiles()[64].groups = 2
