@@ -122,6 +122,12 @@ _FUNCTIONS = {
     "cuEventSynchronize": lambda event: (_OK,),
     "cuEventElapsedTime": lambda start, end: _ok(0.0),
     "cuEventDestroy": lambda event: (_OK,),
+    "cuStreamBeginCapture": lambda stream, mode: (_OK,),
+    "cuStreamEndCapture": lambda stream: _ok(cu.CUgraph(next(_handles))),
+    "cuGraphInstantiate": lambda graph, flags: _ok(cu.CUgraphExec(next(_handles))),
+    "cuGraphLaunch": lambda graph_exec, stream: (_OK,),
+    "cuGraphExecDestroy": lambda graph_exec: (_OK,),
+    "cuGraphDestroy": lambda graph: (_OK,),
 }
 
 
