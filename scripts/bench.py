@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-SUITES = {"launch": "bench_launch", "host": "bench_host", "softmax": "bench_softmax", "prefill": "bench_prefill",
-          "decode": "bench_decode"}
+SUITES = {"launch": "bench_launch", "host": "bench_host", "step": "bench_step", "softmax": "bench_softmax",
+          "prefill": "bench_prefill", "decode": "bench_decode"}
 
 
 def print_table(suite: str, rows: list[dict]) -> None:
@@ -67,6 +67,8 @@ def main() -> int:
     parser.add_argument("--suite", nargs="+", choices=sorted(SUITES), default=list(SUITES))
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    parser.add_argument("--baseline", metavar="DIR", help="step suite: also time the eager step of the ptxattn "
+                                                          "importable from DIR (an earlier version)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}

@@ -68,7 +68,7 @@ def test_objects_collected_during_capture_are_released_after_it(rng, dev, stream
 
 
 def test_readme_decode_step_captured_once_replayed_per_token(rng):
-    """The README's decode loop: append + decode captured once, replayed per token."""
+    """The README's decode loop: prepared append + decode, captured once, replayed per token."""
     batch, hq, hkv, capacity, d = 2, 8, 2, 64, 64
     bf16 = ptxattn.bfloat16
     stream = ptxattn.Stream.create()
@@ -77,12 +77,14 @@ def test_readme_decode_step_captured_once_replayed_per_token(rng):
     seq_lens = ptxattn.zeros((batch,), np.int32, stream=stream)
     q = ptxattn.empty((batch, hq, 1, d), bf16)
     k_new, v_new = ptxattn.empty((batch, hkv, 1, d), bf16), ptxattn.empty((batch, hkv, 1, d), bf16)
-    out = ptxattn.empty((batch, hq, 1, d), bf16)
-    workspace = ptxattn.empty((ptxattn.decode_workspace_bytes(q, k_cache, v_cache),), np.uint8)
+
+    append = ptxattn.prepare(ptxattn.kv_append, k_new, v_new, k_cache, v_cache, seq_lens, stream=stream)
+    attend = ptxattn.prepare(ptxattn.decode, q, k_cache, v_cache, seq_lens, stream=stream)
+    out = attend.arrays["out"]
 
     def step():
-        ptxattn.kv_append(k_new, v_new, k_cache, v_cache, seq_lens, stream=stream)
-        ptxattn.decode(q, k_cache, v_cache, seq_lens, out=out, workspace=workspace, stream=stream)
+        append.run()
+        attend.run()
 
     keys, values = [], []
 
