@@ -12,7 +12,7 @@ from .dtypes import normalize, typestr
 from .memory import DeviceBuffer
 from .stream import LEGACY_DEFAULT, Event, Stream, as_stream
 
-__all__ = ["DeviceArray", "asarray", "empty", "zeros", "from_dlpack", "is_device_array_like"]
+__all__ = ["DeviceArray", "asarray", "empty", "zeros", "from_dlpack", "is_device_array_like", "array_kind"]
 
 _CU_STREAM_LEGACY = 1  # how DLPack and the CUDA Array Interface name the legacy default stream
 
@@ -230,12 +230,42 @@ def zeros(shape, dtype, device=None, stream=None) -> DeviceArray:
     return out
 
 
+_KINDS: dict[type, str] = {}
+
+
+def _kind_of_type(cls: type) -> str:
+    """What a type's instances are, read from the class (so no property such as
+    __cuda_array_interface__ runs: PyTorch's builds a dict and syncs streams)."""
+    if issubclass(cls, DeviceArray):
+        return "ptxattn"
+    if issubclass(cls, np.ndarray):
+        return "host"
+    if cls.__module__.split(".")[0] == "torch" and hasattr(cls, "data_ptr"):
+        return "torch"
+    if hasattr(cls, "__cuda_array_interface__"):
+        return "cai"
+    if hasattr(cls, "__dlpack_device__"):
+        return "dlpack"
+    return "host"
+
+
+def array_kind(obj) -> str:
+    """"ptxattn", "torch", "cai" (CUDA Array Interface) or "dlpack" for an array in device
+    memory, "host" for anything else (NumPy, lists, CPU tensors)."""
+    cls = type(obj)
+    kind = _KINDS.get(cls)
+    if kind is None:
+        kind = _KINDS[cls] = _kind_of_type(cls)
+    if kind == "torch" and not obj.is_cuda:
+        return "host"
+    if kind == "dlpack" and obj.__dlpack_device__()[0] not in (dlpack.KDL_CUDA, 13):
+        return "host"
+    return kind
+
+
 def is_device_array_like(obj) -> bool:
     """True for DeviceArrays and foreign arrays that live on a CUDA device."""
-    if isinstance(obj, DeviceArray) or hasattr(obj, "__cuda_array_interface__"):
-        return True
-    dev = getattr(obj, "__dlpack_device__", None)
-    return dev is not None and not isinstance(obj, np.ndarray) and dev()[0] in (dlpack.KDL_CUDA, 13)
+    return array_kind(obj) != "host"
 
 
 def from_dlpack(obj, stream=None) -> DeviceArray:

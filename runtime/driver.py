@@ -107,6 +107,10 @@ class _HotPath:
         self._get_current = self._function("cuCtxGetCurrent", ctypes.POINTER(ctypes.c_void_p))
         self._push = self._function("cuCtxPushCurrent_v2", ctypes.c_void_p)
         self._pop = self._function("cuCtxPopCurrent_v2", ctypes.POINTER(ctypes.c_void_p))
+        self._alloc_async = self._function("cuMemAllocFromPoolAsync", ctypes.POINTER(ctypes.c_uint64),
+                                           ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p)
+        self._free_async = self._function("cuMemFreeAsync", ctypes.c_uint64, ctypes.c_void_p)
+        self._is_capturing = self._function("cuStreamIsCapturing", ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
         self._slots = threading.local()  # the driver writes into it with the GIL released
 
     def _function(self, name: str, *argtypes):
@@ -120,6 +124,10 @@ class _HotPath:
         if slot is None:
             slot = self._slots.ctx = ctypes.c_void_p()
             self._slots.ref = ctypes.byref(slot)
+            self._slots.ptr = ctypes.c_uint64()
+            self._slots.ptr_ref = ctypes.byref(self._slots.ptr)
+            self._slots.status = ctypes.c_int()
+            self._slots.status_ref = ctypes.byref(self._slots.status)
         return slot
 
     def current_context(self) -> int:
@@ -140,6 +148,25 @@ class _HotPath:
         err = self._pop(self._slots.ref)
         if err:
             raise CudaError("cuCtxPopCurrent", cu.CUresult(err))
+
+    def alloc_async(self, nbytes: int, pool: int, stream: int) -> int:
+        """cuMemAllocFromPoolAsync: the address of `nbytes` from `pool`, in `stream`'s order."""
+        self._slot()
+        err = self._alloc_async(self._slots.ptr_ref, nbytes, pool, stream)
+        if err:
+            raise CudaError("cuMemAllocFromPoolAsync", cu.CUresult(err))
+        return self._slots.ptr.value
+
+    def free_async(self, ptr: int, stream: int) -> int:
+        """cuMemFreeAsync; returns the CUresult (the caller decides what a failure means)."""
+        return self._free_async(ptr, stream)
+
+    def is_capturing(self, stream: int) -> bool:
+        self._slot()
+        err = self._is_capturing(stream, self._slots.status_ref)
+        if err:
+            raise CudaError("cuStreamIsCapturing", cu.CUresult(err))
+        return self._slots.status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE
 
 
 _hot: _HotPath | None = None

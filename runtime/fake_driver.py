@@ -145,6 +145,16 @@ class _FakeHotPath:
     def pop(self) -> None:
         _context_stack.pop()
 
+    def alloc_async(self, nbytes: int, pool: int, stream: int) -> int:
+        return _alloc(nbytes)
+
+    def free_async(self, ptr: int, stream: int) -> int:
+        _memory.pop(ptr, None)
+        return 0
+
+    def is_capturing(self, stream: int) -> bool:
+        return False
+
 
 def install() -> None:
     """Replace the driver for the rest of this process (call before ptxattn uses it)."""

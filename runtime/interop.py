@@ -79,14 +79,13 @@ def _from_cai(obj, producers: set) -> DeviceArray:
     return DeviceArray.view(ptr, shape, dtype, tuple(strides), get_device(ordinal), obj)
 
 
-def import_device_array(obj, stream: Stream, producers: set) -> DeviceArray:
-    """A DeviceArray over a foreign device array (no copy). The producer streams to order
-    after are added to `producers` (see `order_after_producers`); DLPack imports order
-    themselves."""
-    module = type(obj).__module__
-    if module.startswith("torch"):
+def import_device_array(obj, kind: str, stream: Stream, producers: set) -> DeviceArray:
+    """A DeviceArray over a foreign device array of `kind` (array.array_kind; no copy). The
+    producer streams to order after are added to `producers` (see `order_after_producers`);
+    DLPack imports order themselves."""
+    if kind == "torch":
         return _from_torch(obj, producers)
-    if hasattr(obj, "__cuda_array_interface__"):
+    if kind == "cai":
         try:
             return _from_cai(obj, producers)
         except TypeError:

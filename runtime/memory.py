@@ -15,7 +15,7 @@ import numpy as np
 
 from .context import on_device
 from .device import Device
-from .driver import CudaError, call, cu
+from .driver import CudaError, call, cu, hot
 from .lifetime import release
 from .stream import Stream
 
@@ -56,12 +56,12 @@ def _count(buffers: int, nbytes: int) -> None:
 
 
 # ---- the stream-ordered pool ---------------------------------------------------------------
-_pools: dict[int, object] = {}
+_pools: dict[int, int] = {}  # device ordinal -> CUmemoryPool handle
 _pools_lock = threading.Lock()
 _KEEP_EVERYTHING = cu.cuuint64_t(2**64 - 1)
 
 
-def _pool(device: Device):
+def _pool(device: Device) -> int:
     """ptxattn's own memory pool on `device` (made once). Not the device's default pool, so a
     host's settings of that one stay as they were; it keeps freed memory for reuse instead
     of returning it to the driver at every synchronization."""
@@ -75,8 +75,8 @@ def _pool(device: Device):
                 props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
                 props.location.id = device.ordinal
                 with on_device(device):
-                    pool = call(cu.cuMemPoolCreate, props)
-                    call(cu.cuMemPoolSetAttribute, pool,
+                    pool = int(call(cu.cuMemPoolCreate, props))
+                    call(cu.cuMemPoolSetAttribute, cu.CUmemoryPool(pool),
                          cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, _KEEP_EVERYTHING)
                 _pools[device.ordinal] = pool
     return pool
@@ -88,7 +88,7 @@ def pool_bytes_in_use(device: Device) -> int:
     if pool is None:
         return 0
     with on_device(device):
-        value = call(cu.cuMemPoolGetAttribute, pool, cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+        value = call(cu.cuMemPoolGetAttribute, cu.CUmemoryPool(pool), cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
     return int(value)
 
 
@@ -103,18 +103,22 @@ class DeviceBuffer:
         self.nbytes = int(nbytes)
         self.device = device
         size = max(self.nbytes, 1)  # an empty buffer still gets a valid address
-        with on_device(device):
-            try:
-                if stream is None:
-                    dptr = call(cu.cuMemAlloc, size)
-                else:
-                    dptr = call(cu.cuMemAllocFromPoolAsync, size, _pool(device), stream.handle)
-            except CudaError as exc:
-                if exc.result != "CUDA_ERROR_OUT_OF_MEMORY":
-                    raise
+        try:
+            if stream is None:
+                with on_device(device):
+                    dptr = int(call(cu.cuMemAlloc, size))
+            elif stream.ptr:  # the pool and the stream name the device: no context switch needed
+                dptr = hot().alloc_async(size, _pool(device), stream.ptr)
+            else:  # the legacy default stream is the current context's
+                with on_device(device):
+                    dptr = hot().alloc_async(size, _pool(device), 0)
+        except CudaError as exc:
+            if exc.result != "CUDA_ERROR_OUT_OF_MEMORY":
+                raise
+            with on_device(device):
                 free, total = call(cu.cuMemGetInfo)
-                raise OutOfMemoryError(device, self.nbytes, free, total) from None
-        self.ptr = int(dptr)
+            raise OutOfMemoryError(device, self.nbytes, free, total) from None
+        self.ptr = dptr
         self._finalizer = weakref.finalize(self, release, _free_device, dptr, device, self.nbytes, stream)
         _count(1, self.nbytes)
 
@@ -126,16 +130,15 @@ class DeviceBuffer:
         return not self._finalizer.alive
 
 
-def _free_device(dptr, device: Device, nbytes: int, stream: Stream | None) -> None:
+def _free_device(dptr: int, device: Device, nbytes: int, stream: Stream | None) -> None:
     _count(-1, -nbytes)
+    if stream is not None and stream.ptr and hot().free_async(dptr, stream.ptr) == 0:
+        return
     with on_device(device):
-        if stream is None:
-            call(cu.cuMemFree, dptr)
+        if stream is not None and stream.ptr == 0 and hot().free_async(dptr, 0) == 0:
             return
-        err, = cu.cuMemFreeAsync(dptr, stream.handle)
-        if err != cu.CUresult.CUDA_SUCCESS:
-            # The stream was destroyed first: free once the device is done with the memory.
-            call(cu.cuMemFree, dptr)
+        # Not from the pool, or its stream was destroyed first: free once the device is done.
+        call(cu.cuMemFree, dptr)
 
 
 class PinnedBuffer:

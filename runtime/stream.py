@@ -4,13 +4,11 @@ from __future__ import annotations
 import weakref
 
 from .context import default_device, on_device
-from .driver import call, cu
+from .driver import call, cu, hot
 
 __all__ = ["Stream", "Event", "as_stream", "LEGACY_DEFAULT"]
 
 LEGACY_DEFAULT = 0  # the legacy default stream; where work goes when no stream is given
-
-_CAPTURE_NONE = cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
 
 
 class Stream:
@@ -44,7 +42,7 @@ class Stream:
         call(cu.cuStreamSynchronize, self.handle)
 
     def is_capturing(self) -> bool:
-        return call(cu.cuStreamIsCapturing, self.handle) != _CAPTURE_NONE
+        return hot().is_capturing(self.ptr)
 
     def wait(self, event: "Event") -> None:
         call(cu.cuStreamWaitEvent, self.handle, event.handle, 0)

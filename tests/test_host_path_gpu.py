@@ -112,17 +112,21 @@ def test_sdpa_out_lse_preallocated_and_captured(rng, dev, stream):
 
 
 # ---- the host's own arrays, captured ---------------------------------------------------------
-def _step(ops_stream, q, k_new, v_new, k_cache, v_cache, lens, out):
-    """One decode step as a host runs it: append the token's K/V, attend."""
+def _step(ops_stream, q, k_new, v_new, k_cache, v_cache, lens, out, workspace):
+    """One decode step as a host runs it: append the token's K/V, attend (everything it
+    writes preallocated, by the host, so that the step can be captured as it is)."""
     ptxattn.kv_append(k_new, v_new, k_cache, v_cache, lens, stream=ops_stream)
-    ptxattn.decode(q, k_cache, v_cache, lens, out=out, stream=ops_stream)
+    ptxattn.decode(q, k_cache, v_cache, lens, out=out, workspace=workspace, stream=ops_stream)
 
 
 def _step_inputs(rng, dtype, batch=2, hq=8, hkv=2, cap=600, d=64):
-    return {"q": rand(rng, (batch, hq, 1, d), dtype), "k_new": rand(rng, (batch, hkv, 1, d), dtype),
+    host = {"q": rand(rng, (batch, hq, 1, d), dtype), "k_new": rand(rng, (batch, hkv, 1, d), dtype),
             "v_new": rand(rng, (batch, hkv, 1, d), dtype), "k_cache": rand(rng, (batch, hkv, cap, d), dtype),
             "v_cache": rand(rng, (batch, hkv, cap, d), dtype), "lens": np.array([5, 300], np.int32),
             "out": np.full((batch, hq, 1, d), np.nan, dtype)}
+    nbytes = ptxattn.decode_workspace_bytes(host["q"], host["k_cache"], host["v_cache"])
+    host["workspace"] = np.zeros(max(nbytes, 1), np.uint8)
+    return host
 
 
 def _expected(host: dict, steps: int) -> np.ndarray:

@@ -24,7 +24,7 @@ import threading
 
 import numpy as np
 
-from ..array import DeviceArray, is_device_array_like
+from ..array import DeviceArray, array_kind
 from ..context import default_device, on_device
 from ..device import Device
 from ..driver import CudaUnavailableError, call, cu, hot
@@ -58,12 +58,6 @@ class Launch:
     def pointer(self, field: str) -> ctypes.c_uint64:
         """A view of one pointer field of the struct, to rewrite in place."""
         return ctypes.c_uint64.from_buffer(self.params, getattr(type(self.params), field).offset)
-
-    def __call__(self, stream_handle) -> None:
-        (gx, gy, gz), (bx, by, bz) = self.grid, self.block
-        err, = cu.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, self.shared, stream_handle, self.argv, 0)
-        if err != _SUCCESS:
-            raise launch_error(self.name, self.grid, self.block, self.shared, err)
 
 
 class Binding:
@@ -139,26 +133,21 @@ class Binding:
                 return True
         return bool(self.workspace_bytes) and arrays[self.op.workspace_index] is None
 
-    def execute(self, arrays: list, stream: Stream, rewrite: bool = True):
-        """Write every array's address (rewrite=False: the caller wrote what changed),
+    def execute(self, arrays: list, stream: Stream):
+        """An eager call: make what the caller did not pass, write every array's address,
         launch on `stream`, and return the call's results."""
         hot_path = hot()
         pushed = hot_path.current_context() != self.context
         if pushed:
             hot_path.push(self.context)
         try:
-            workspace = None
-            if rewrite:
-                if self._missing(arrays):
-                    workspace = self.allocate(arrays, stream, persistent=False)
-                ws_index = self.op.workspace_index
-                for index, slots in self.pointer_slots:
-                    ptr = workspace.ptr if index == ws_index and workspace is not None else arrays[index].ptr
-                    for view, offset in slots:
-                        view.value = ptr + offset
-            handle = stream.handle
-            for launch in self.launches:
-                launch(handle)
+            workspace = self.allocate(arrays, stream, persistent=False) if self._missing(arrays) else None
+            ws_index = self.op.workspace_index
+            for index, slots in self.pointer_slots:
+                ptr = workspace.ptr if index == ws_index and workspace is not None else arrays[index].ptr
+                for view, offset in slots:
+                    view.value = ptr + offset
+            self.launch_all(stream.ptr)
             if workspace is not None:
                 workspace.close()  # stream-ordered: after the launches above
         finally:
@@ -172,6 +161,24 @@ class Binding:
             if type(arr) is DeviceArray:
                 arr.stream = stream
         return tuple(results) if self.returns_tuple else results[0]
+
+    def launch_all(self, stream: int) -> None:
+        """Every launch, in order, on the stream with this handle (the current context must
+        be the binding's)."""
+        launch = cu.cuLaunchKernel
+        for function, gx, gy, gz, bx, by, bz, shared, argv, name in self.raw_launches:
+            err, = launch(function, gx, gy, gz, bx, by, bz, shared, stream, argv, 0)
+            if err != _SUCCESS:
+                raise launch_error(name, (gx, gy, gz), (bx, by, bz), shared, err)
+
+    @property
+    def raw_launches(self) -> tuple:
+        """The cuLaunchKernel arguments of every launch but the stream, flattened once."""
+        found = self.__dict__.get("_raw_launches")
+        if found is None:
+            found = self._raw_launches = tuple((x.function, *x.grid, *x.block, x.shared, x.argv, x.name)
+                                               for x in self.launches)
+        return found
 
     @property
     def pointer_slots(self) -> tuple:
@@ -222,14 +229,13 @@ class Op:
         for i, a in enumerate(args):
             if a is None or type(a) is DeviceArray:
                 continue
-            if isinstance(a, DeviceArray):
-                continue
-            if isinstance(a, np.ndarray) or not is_device_array_like(a):
+            kind = array_kind(a)
+            if kind == "host":
                 host = host or []
                 host.append(i)
-            else:
+            elif kind != "ptxattn":
                 foreign = foreign or []
-                foreign.append(i)
+                foreign.append((i, kind))
         if host:
             device_side = [self.arrays[i] for i, a in enumerate(args) if a is not None and i not in host]
             if device_side:
@@ -240,14 +246,14 @@ class Op:
         if foreign:
             capturing = bool(stream.ptr) and stream.is_capturing()
             producers: set = set()
-            for i in foreign:
+            for i, kind in foreign:
                 try:
-                    arrays[i] = import_device_array(args[i], stream, producers)
+                    arrays[i] = import_device_array(args[i], kind, stream, producers)
                 except TypeError as exc:
                     raise TypeError(f"{self.name}: {self.arrays[i]}: {exc}") from None
             producers.discard(stream.ptr)
             if producers and not capturing:
-                with on_device(arrays[foreign[0]].device):
+                with on_device(arrays[foreign[0][0]].device):
                     order_after_producers(stream, producers)
         return arrays, False
 
@@ -378,6 +384,7 @@ class Prepared:
             arrays[binding.op.workspace_index] = DeviceArray.view(
                 workspace.ptr, (workspace.nbytes,), np.dtype(np.uint8), (1,), binding.device, workspace)
         self._arrays = arrays
+        self._results = None
         self._metas = [None if a is None else a.meta for a in arrays]
         for index, arr in enumerate(arrays):
             if arr is not None:
@@ -428,7 +435,29 @@ class Prepared:
                 i = op.index[n]
                 self._arrays[i] = imported[i]
                 binding.write(i, imported[i].ptr)
-        return binding.execute(self._arrays, st, rewrite=False)
+            self._results = None
+        hot_path = hot()
+        pushed = hot_path.current_context() != binding.context
+        if pushed:
+            hot_path.push(binding.context)
+        try:
+            binding.launch_all(st.ptr)
+        finally:
+            if pushed:
+                hot_path.pop()
+        return self._results_on(st)
+
+    def _results_on(self, stream: Stream):
+        """What the op returns (its bound outputs), each recorded as last written on `stream`."""
+        if self._results is None:
+            binding = self._binding
+            found = [self._arrays[binding.op.index[name]] for name in binding.returns]
+            self._results = (tuple(found) if binding.returns_tuple else found[0] if found else None, found)
+        result, arrays = self._results
+        for arr in arrays:
+            if type(arr) is DeviceArray:
+                arr.stream = stream
+        return result
 
 
 def prepare(op, *args, stream=None, **kwargs) -> Prepared:
