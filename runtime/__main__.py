@@ -1,7 +1,8 @@
-"""Command line: `python -m ptxattn info` and `python -m ptxattn demo`."""
+"""Command line: `ptxattn info`, `ptxattn demo` (also `python -m ptxattn ...`)."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
 import time
 
@@ -9,15 +10,22 @@ import numpy as np
 
 
 def info() -> None:
-    from . import device_count, get_device
+    """What the package carries (PTX archs per kernel family, PTX ISA, the driver it needs),
+    then the driver and each device: the PTX it loads and whether a probe kernel runs."""
+    from . import __version__, device_count, get_device
     from .driver import driver_version
     from .module import loaded_arch, manifest
 
     m = manifest()
+    need = m["min_driver_cuda_version"]
+    print(f"ptxattn {__version__}")
+    print(f"ptx:      NVRTC {m['nvrtc_version']}, PTX ISA {m['ptx_isa_version']}, "
+          f"needs a driver for CUDA {need[0]}.{need[1]}+")
+    width = max(len(family) for family in m["families"])
+    for family, entry in m["families"].items():
+        print(f"          {family.ljust(width)}  {' '.join(entry['archs'])}")
     major, minor = driver_version()
     print(f"driver:   supports CUDA {major}.{minor}")
-    print(f"ptx:      NVRTC {m['nvrtc_version']}, PTX ISA {m['ptx_isa_version']}, "
-          f"needs a driver for CUDA {m['min_driver_cuda_version'][0]}.{m['min_driver_cuda_version'][1]}+")
     for ordinal in range(device_count()):
         dev = get_device(ordinal)
         archs = sorted({loaded_arch(dev, fam) or "none" for fam in m["families"]})
@@ -110,14 +118,22 @@ def demo() -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="ptxattn", description="ptxattn command line")
-    parser.add_argument("command", choices=["info", "demo"])
-    args = parser.parse_args(argv)
+    from . import __version__
     from .driver import CudaUnavailableError
+    from .module import PtxLoadError
 
+    commands = {"info": info, "demo": demo}
+    parser = argparse.ArgumentParser(
+        prog="ptxattn", description="ptxattn: attention kernels precompiled to PTX, run through the CUDA driver API.")
+    parser.add_argument("--version", action="version", version=f"ptxattn {__version__}")
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, fn in commands.items():
+        summary = inspect.getdoc(fn).split("\n\n")[0].replace("\n", " ")
+        subcommands.add_parser(name, help=summary, description=summary)
+    args = parser.parse_args(argv)
     try:
-        {"info": info, "demo": demo}[args.command]()
-    except CudaUnavailableError as exc:
+        commands[args.command]()
+    except (CudaUnavailableError, PtxLoadError) as exc:
         print(f"ptxattn {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0
