@@ -6,6 +6,7 @@ import ctypes
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -162,6 +163,14 @@ def test_cli_help_describes_each_command_and_version_prints():
     assert "demo      Softmax, attention and a decode step" in help_text
     version = _cli("--version")
     assert version.returncode == 0 and version.stdout.strip() == f"ptxattn {ptxattn.__version__}"
+
+
+def test_readme_states_the_driver_and_isa_the_ptx_needs():
+    m = manifest()
+    need = m["min_driver_cuda_version"]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"supports CUDA {need[0]}.{need[1]} or newer" in readme
+    assert f"ISA {m['ptx_isa_version']} from NVRTC {m['nvrtc_version']}" in readme
 
 
 def test_old_driver_is_refused_with_versions(monkeypatch):
