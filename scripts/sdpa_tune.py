@@ -44,14 +44,14 @@ def kernel_name(tile) -> str:
 
 
 def build(out: Path) -> None:
-    from build_ptx import CU, COMMON_OPTIONS, Nvrtc, _wheel_dir
+    from build_ptx import CU, COMMON_OPTIONS, Nvrtc, _package_dir
 
     # The kernel templates without the shipped table: only the candidates get compiled.
     lines = [(CU / "flash_fwd.cu").read_text().split("// ---- variant table")[0]]
     for tile in CANDIDATES:
         args = ", ".join(str(x).lower() for x in tile)
         lines.append(f"FLASH_FWD_TC({kernel_name(tile)}, __nv_bfloat16, false, {args})")
-    include = _wheel_dir("nvidia.cuda_runtime", "include")
+    include = _package_dir("nvidia.cuda_runtime") / "include"
     options = COMMON_OPTIONS + [f"-I{include}", f"-I{CU}"]
     out.write_text(Nvrtc().compile("\n".join(lines) + "\n", "sdpa_tune.cu", options + ["--gpu-architecture=compute_90"]))
     sm90 = [(CU / "flash_fwd_sm90.cu").read_text()]
