@@ -66,18 +66,19 @@ def _sm90_path(ptx: Path) -> Path:
 
 
 def run(ptx_path: Path) -> None:
-    import torch
-
     import ptxattn
-    from bench_common import time_ms, torch_sdpa_backends
+    from bench_common import stream as bench_stream, time_ms, torch_cuda, torch_sdpa_backends
     from bench_prefill import SHAPES, _shape_name
     from ptxattn.context import on_device
     from ptxattn.driver import call, cu
     from ptxattn.module import Kernel, load_ptx
     from ptxattn.ops import attention
 
+    torch = torch_cuda()
+    if torch is None:
+        raise SystemExit("sdpa_tune run: needs torch with CUDA (the flash reference and its timing)")
     device = ptxattn.get_device(0)
-    stream = ptxattn.as_stream(torch.cuda.current_stream())
+    stream = bench_stream()  # torch's current stream too: time_ms times the work queued there
     flash = torch_sdpa_backends()["torch_flash"]
     shipped = {variant.plain for variant in attention._VARIANTS}
     def load(path, names):
