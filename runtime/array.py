@@ -197,6 +197,13 @@ def _check_shape(fn: str, shape) -> tuple[int, ...]:
     return tuple(int(n) for n in dims)
 
 
+def _check_new(fn: str, shape, dtype, device) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of a new array, checked, with its device argument."""
+    shape, dt = _check_shape(fn, shape), normalize(dtype, f"{fn}: dtype")
+    _check_device(fn, device)
+    return shape, dt
+
+
 def _check_device(fn: str, device) -> None:
     if device is None or isinstance(device, Device):
         return
@@ -232,8 +239,7 @@ def empty(shape, dtype, device=None) -> DeviceArray:
     for a bad argument (before touching the device) and OutOfMemoryError when the device
     cannot hold it.
     """
-    shape, dt = _check_shape("empty", shape), normalize(dtype, "empty: dtype")
-    _check_device("empty", device)
+    shape, dt = _check_new("empty", shape, dtype, device)
     return _new(shape, dt, device)
 
 
@@ -241,8 +247,7 @@ def zeros(shape, dtype, device=None, stream=None) -> DeviceArray:
     """A new DeviceArray as `empty` makes it, filled with zeros asynchronously on `stream`
     (None: the legacy default stream; a ptxattn.Stream, an int handle or an object with
     __cuda_stream__); work on that stream, and `get()`, see the zeros."""
-    shape, dt = _check_shape("zeros", shape), normalize(dtype, "zeros: dtype")
-    _check_device("zeros", device)
+    shape, dt = _check_new("zeros", shape, dtype, device)
     st = _check_stream("zeros", stream)
     out = _new(shape, dt, device)
     if out.nbytes:
