@@ -1,5 +1,6 @@
-"""The built wheel carries the PTX the manifest lists and the license, setuptools builds it
-without a warning, and the committed PTX matches cu/ (needs the `build` extra)."""
+"""The wheel (built from the sdist) carries the PTX the manifest lists and the license,
+setuptools builds both without a warning, and the committed PTX matches cu/ (needs the
+`build` extra)."""
 from __future__ import annotations
 
 import importlib.util
@@ -17,10 +18,10 @@ BUILD_PTX = ROOT / "scripts" / "build_ptx.py"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, str]:
-    """(the wheel, what the build printed)."""
+    """(the wheel, built from the sdist, and what the build printed)."""
     out = tmp_path_factory.mktemp("wheel")
     # cwd elsewhere: a build/ folder in the checkout would shadow the `build` package.
-    proc = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
+    proc = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out), str(ROOT)],
                           check=True, capture_output=True, text=True, cwd=out)
     (path,) = out.glob("ptxattn-*.whl")
     return path, proc.stdout + proc.stderr
