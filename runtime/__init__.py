@@ -1,5 +1,6 @@
 """ptxattn: attention kernels precompiled to PTX, run through the CUDA driver API on NumPy
 and device arrays."""
+from . import reference  # the float64 oracle that defines every op
 from .array import DeviceArray, asarray, empty, from_dlpack, zeros
 from .context import on_device
 from .device import Device, device_count, get_device

@@ -1,23 +1,30 @@
-"""Command line: `python -m ptxattn info` and `python -m ptxattn demo`."""
+"""Command line: `ptxattn info`, `ptxattn demo` (also `python -m ptxattn ...`)."""
 from __future__ import annotations
 
 import argparse
+import inspect
 import sys
-import time
 
 import numpy as np
 
 
 def info() -> None:
-    from . import device_count, get_device
+    """What the package carries (PTX archs per kernel family, PTX ISA, the driver it needs),
+    then the driver and each device: the PTX it loads and whether a probe kernel runs."""
+    from . import __version__, device_count, get_device
     from .driver import driver_version
     from .module import loaded_arch, manifest
 
     m = manifest()
+    need = m["min_driver_cuda_version"]
+    print(f"ptxattn {__version__}")
+    print(f"ptx:      NVRTC {m['nvrtc_version']}, PTX ISA {m['ptx_isa_version']}, "
+          f"needs a driver for CUDA {need[0]}.{need[1]}+")
+    width = max(len(family) for family in m["families"])
+    for family, entry in m["families"].items():
+        print(f"          {family.ljust(width)}  {' '.join(entry['archs'])}")
     major, minor = driver_version()
     print(f"driver:   supports CUDA {major}.{minor}")
-    print(f"ptx:      NVRTC {m['nvrtc_version']}, PTX ISA {m['ptx_isa_version']}, "
-          f"needs a driver for CUDA {m['min_driver_cuda_version'][0]}.{m['min_driver_cuda_version'][1]}+")
     for ordinal in range(device_count()):
         dev = get_device(ordinal)
         archs = sorted({loaded_arch(dev, fam) or "none" for fam in m["families"]})
@@ -39,85 +46,39 @@ def _run_probe(dev) -> str:
     return "ran" if int(cell.get()[0]) == 1234 else "returned a WRONG value"
 
 
-def _timed(fn, stream, calls: int = 20) -> float:
-    """Milliseconds per call of fn() on `stream`, over back-to-back calls after a warm-up."""
-    from .stream import Event
+def demo(args) -> None:
+    """The decode loop ptxattn is for: an L-layer GQA decode step (kv_append + decode a layer,
+    the prompt prefilled by sdpa) run for N tokens eagerly, prepared and by graph replay,
+    checked to agree bit for bit, with host and device microseconds a step and tokens/s.
 
-    fn()
-    start = Event(timing=True).record(stream)
-    for _ in range(calls):
-        fn()
-    end = Event(timing=True).record(stream)
-    end.synchronize()
-    return start.elapsed_ms(end) / calls
+    Defaults: 32 layers, B8, Hq32, Hkv8, D128, capacity 4096, a 1024-token prompt, 64 tokens."""
+    from .demo import run
 
-
-def _check(name: str, error: float, bound: float) -> None:
-    if not error < bound:
-        raise SystemExit(f"demo: {name} does not match the float64 reference (error {error:.2e} > {bound:.0e})")
-
-
-def demo() -> None:
-    """Softmax, attention and a decode step on the GPU, each checked against the reference."""
-    import ptxattn
-    from . import reference
-    from .context import on_device
-    from .module import loaded_arch
-
-    rng = np.random.default_rng()
-    dev = ptxattn.get_device(0)
-    print(f"device:   {dev.name} (compute capability {dev.compute_capability[0]}.{dev.compute_capability[1]}, "
-          f"{dev.sm_count} SMs); PTX loaded for {loaded_arch(dev, 'softmax')}")
-    with on_device(dev):
-        stream = ptxattn.Stream.create()
-
-    x = rng.standard_normal((64, 4096), dtype=np.float32) * 4
-    ptxattn.softmax(x)  # NumPy in, NumPy out
-    start = time.perf_counter()
-    y = ptxattn.softmax(x)
-    host_ms = (time.perf_counter() - start) * 1e3
-    err = float(np.max(np.abs(y - reference.softmax(x))))
-    _check("softmax", err, 1e-6)
-    print(f"softmax:  {x.shape} float32, NumPy to NumPy in {host_ms:.3f} ms; max |error| {err:.1e}")
-
-    b, h, s, d = 2, 8, 1024, 128
-    q, k, v = (rng.standard_normal((b, h, s, d)).astype(ptxattn.bfloat16) for _ in range(3))
-    qd, kd, vd = (ptxattn.asarray(t, stream) for t in (q, k, v))
-    od = ptxattn.empty((b, h, s, d), ptxattn.bfloat16, dev)  # preallocated: the timing is the kernel's
-    ms = _timed(lambda: ptxattn.sdpa(qd, kd, vd, causal=True, out=od, stream=stream), stream)
-    o = od.get(stream)
-    ref, _ = reference.sdpa(q, k, v, causal=True)
-    err = float(np.linalg.norm(o.astype(np.float64) - ref) / np.linalg.norm(ref))
-    _check("sdpa", err, 1.6e-2)
-    flops = 4 * b * h * s * s * d / 2
-    print(f"sdpa:     B{b} H{h} S{s} D{d} bfloat16 causal in {ms:.3f} ms ({flops / ms / 1e9:.0f} TFLOP/s); "
-          f"relative error {err:.1e}")
-
-    batch, hq, hkv, capacity = 8, 32, 8, 2048
-    lengths = rng.integers(1, capacity + 1, batch).astype(np.int32)
-    kc, vc = (rng.standard_normal((batch, hkv, capacity, d)).astype(ptxattn.bfloat16) for _ in range(2))
-    qn = rng.standard_normal((batch, hq, 1, d)).astype(ptxattn.bfloat16)
-    args = [ptxattn.asarray(t, stream) for t in (qn, kc, vc, lengths)]
-    on = ptxattn.empty((batch, hq, 1, d), ptxattn.bfloat16, dev)
-    ms = _timed(lambda: ptxattn.decode(*args, out=on, stream=stream), stream)
-    o = on.get(stream)
-    ref = reference.decode(qn, kc, vc, lengths)[0]
-    err = float(np.linalg.norm(o.astype(np.float64) - ref) / np.linalg.norm(ref))
-    _check("decode", err, 1.6e-2)
-    print(f"decode:   B{batch} Hq{hq} Hkv{hkv} D{d} bfloat16, capacity {capacity}, live lengths "
-          f"{lengths.min()}..{lengths.max()}, in {ms:.3f} ms; relative error {err:.1e}")
-    print("demo: OK")
+    run(args)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="ptxattn", description="ptxattn command line")
-    parser.add_argument("command", choices=["info", "demo"])
-    args = parser.parse_args(argv)
+    from . import __version__
     from .driver import CudaUnavailableError
+    from .module import PtxLoadError
 
+    from .demo import add_arguments
+
+    commands = {"info": (info, None), "demo": (demo, add_arguments)}
+    parser = argparse.ArgumentParser(
+        prog="ptxattn", description="ptxattn: attention kernels precompiled to PTX, run through the CUDA driver API.")
+    parser.add_argument("--version", action="version", version=f"ptxattn {__version__}")
+    subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (fn, add_arguments) in commands.items():
+        summary = inspect.getdoc(fn).split("\n\n")[0].replace("\n", " ")
+        sub = subcommands.add_parser(name, help=summary, description=inspect.getdoc(fn))
+        if add_arguments is not None:
+            add_arguments(sub)
+    args = parser.parse_args(argv)
     try:
-        {"info": info, "demo": demo}[args.command]()
-    except CudaUnavailableError as exc:
+        fn, add_arguments = commands[args.command]
+        fn(args) if add_arguments is not None else fn()
+    except (CudaUnavailableError, PtxLoadError) as exc:
         print(f"ptxattn {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0

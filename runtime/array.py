@@ -204,25 +204,74 @@ class DeviceArray:
 
 
 # ---- constructors ------------------------------------------------------------
+# Arguments are checked before anything touches the driver; each error names the function,
+# the argument, what it takes and what came.
+def _check_shape(fn: str, shape) -> tuple[int, ...]:
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        dims = None
+    if dims is None or not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in dims):
+        raise TypeError(f"{fn}: shape: expected an int or a sequence of ints, got {shape!r}")
+    if any(n < 0 for n in dims):
+        raise ValueError(f"{fn}: shape: expected sizes >= 0, got {shape!r}")
+    return tuple(int(n) for n in dims)
+
+
+def _check_new(fn: str, shape, dtype, device) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of a new array, checked, with its device argument."""
+    shape, dt = _check_shape(fn, shape), normalize(dtype, f"{fn}: dtype")
+    _check_device(fn, device)
+    return shape, dt
+
+
+def _check_device(fn: str, device) -> None:
+    if device is None or isinstance(device, Device):
+        return
+    if isinstance(device, bool) or not isinstance(device, (int, np.integer)):
+        raise TypeError(f"{fn}: device: expected None, a ptxattn.Device or a device ordinal (int), got {device!r}")
+
+
+def _check_stream(fn: str, stream) -> Stream:
+    try:
+        return as_stream(stream)
+    except TypeError as exc:
+        raise TypeError(f"{fn}: {exc}") from None
+
+
 def _device(device) -> Device:
     if device is None:
         return default_device()
     return device if isinstance(device, Device) else get_device(int(device))
 
 
-def empty(shape, dtype, device=None) -> DeviceArray:
+def _new(shape: tuple[int, ...], dtype: np.dtype, device) -> DeviceArray:
     dev = _device(device)
-    shape = tuple(int(n) for n in (shape if isinstance(shape, (tuple, list)) else (shape,)))
-    if any(n < 0 for n in shape):
-        raise ValueError(f"shape: expected non-negative sizes, got {shape}")
-    dt = normalize(dtype)
-    buffer = DeviceBuffer(int(np.prod(shape, dtype=np.int64)) * dt.itemsize, dev)
-    return DeviceArray(buffer.ptr, shape, dt, None, dev, buffer)
+    buffer = DeviceBuffer(int(np.prod(shape, dtype=np.int64)) * dtype.itemsize, dev)
+    return DeviceArray(buffer.ptr, shape, dtype, None, dev, buffer)
+
+
+def empty(shape, dtype, device=None) -> DeviceArray:
+    """A new C-contiguous DeviceArray of `shape` and `dtype`, contents undefined.
+
+    shape: an int or a sequence of ints >= 0. dtype: float16, bfloat16 (ptxattn.bfloat16 or
+    "bfloat16"), float32, int32, int64, bool or uint8. device: a ptxattn.Device, an ordinal,
+    or None for the current context's device (else device 0). Raises TypeError / ValueError
+    for a bad argument (before touching the device) and OutOfMemoryError when the device
+    cannot hold it.
+    """
+    shape, dt = _check_new("empty", shape, dtype, device)
+    return _new(shape, dt, device)
 
 
 def zeros(shape, dtype, device=None, stream=None) -> DeviceArray:
-    out = empty(shape, dtype, device)
-    st = as_stream(stream)
+    """A new DeviceArray as `empty` makes it, filled with zeros asynchronously on `stream`
+    (None: the legacy default stream; a ptxattn.Stream, an int handle or an object with
+    __cuda_stream__); work on that stream, and `get()`, see the zeros."""
+    shape, dt = _check_new("zeros", shape, dtype, device)
+    st = _check_stream("zeros", stream)
+    out = _new(shape, dt, device)
     if out.nbytes:
         with on_device(out.device):
             call(cu.cuMemsetD8Async, out.ptr, 0, out.nbytes, st.handle)
@@ -275,14 +324,14 @@ def from_dlpack(obj, stream=None) -> DeviceArray:
     capturing stream already, and a wait on uncaptured work would break the capture)."""
     from cuda.core.utils import StridedMemoryView
 
-    st = as_stream(stream)
+    st = _check_stream("from_dlpack", stream)
     consumer = -1 if st.ptr and st.is_capturing() else (st.ptr or _CU_STREAM_LEGACY)
     # cuda.core >= 1.2 spells the generic constructor from_any_interface.
     make = getattr(StridedMemoryView, "from_any_interface", None)
     view = make(obj, stream_ptr=consumer) if make else StridedMemoryView(obj, stream_ptr=consumer)
     if not view.is_device_accessible or view.device_id < 0:
         raise TypeError(f"from_dlpack: expected an array in device memory, got one on the host ({type(obj).__name__})")
-    dtype = normalize(view.dtype, "from_dlpack dtype")
+    dtype = normalize(view.dtype, "from_dlpack: dtype")
     strides = None if view.strides is None else tuple(s * dtype.itemsize for s in view.strides)
     if strides is not None and any(s < 0 for s in strides):
         raise ValueError(f"from_dlpack: negative strides are not supported, got {strides}")
@@ -290,13 +339,25 @@ def from_dlpack(obj, stream=None) -> DeviceArray:
 
 
 def asarray(obj, stream=None, device=None) -> DeviceArray:
-    """A DeviceArray for `obj`: itself, a zero-copy view of a foreign device array, or a
-    copy of host data (NumPy or anything np.asarray takes) made on `stream`."""
+    """A DeviceArray for `obj`, with no copy when it already lives on a device.
+
+    - a DeviceArray: itself;
+    - a foreign device array (DLPack or the CUDA Array Interface: CuPy, PyTorch, JAX, ...):
+      a zero-copy view, with work on `stream` ordered after the producer's (from_dlpack);
+    - host data (NumPy, or anything np.asarray takes) of a supported dtype (float16,
+      bfloat16, float32, int32, int64, bool, uint8; convert float64 first): a contiguous
+      copy on `device` (as in `empty`), uploaded asynchronously on `stream`.
+
+    stream: None (the legacy default stream), a ptxattn.Stream, an int handle or an object
+    with __cuda_stream__. Raises TypeError for a bad stream, device or dtype before any
+    device work.
+    """
+    st = _check_stream("asarray", stream)
+    _check_device("asarray", device)
     if isinstance(obj, DeviceArray):
         return obj
     if is_device_array_like(obj):
-        return from_dlpack(obj, stream)
+        return from_dlpack(obj, st)
     host = np.ascontiguousarray(obj)
-    dtype = normalize(host.dtype, "asarray dtype")
-    out = empty(host.shape, dtype, device)
-    return out.set(host, stream)
+    out = _new(host.shape, normalize(host.dtype, "asarray: obj's dtype"), device)
+    return out.set(host, st)

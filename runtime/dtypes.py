@@ -25,11 +25,12 @@ _DLPACK = {
 def normalize(dtype, what: str = "dtype") -> np.dtype:
     """np.dtype of a supported dtype (names like 'bfloat16' accepted), else a clear error."""
     try:
-        dt = bfloat16 if dtype in ("bfloat16", "bf16") else np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"{what}: expected one of {_NAMES}, got {dtype!r}") from None
-    if dt not in SUPPORTED:
-        raise TypeError(f"{what}: expected one of {_NAMES}, got {dt}")
+        # None is not NumPy's float64 here: no default dtype is guessed.
+        dt = None if dtype is None else bfloat16 if dtype in ("bfloat16", "bf16") else np.dtype(dtype)
+    except (TypeError, ValueError):
+        dt = None
+    if dt is None or dt not in SUPPORTED:
+        raise TypeError(f"{what}: expected one of {_NAMES}, got {repr(dtype) if dt is None else dt}")
     return dt
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """ptxattn benchmarks, run on the GPU machine: prints a table per suite, writes JSON and a
-PNG chart.
+PNG chart. Every suite runs on ptxattn alone (NumPy inputs, ptxattn's events, the driver's
+copy as the bandwidth line); PyTorch's columns are added when torch with CUDA is importable.
 
     python scripts/bench.py                       # every suite
     python scripts/bench.py --suite prefill decode --out /tmp/bench
@@ -15,8 +16,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+# suite name -> module with run(args) -> list of row dicts (a "chart" entry is drawn).
 SUITES = {"launch": "bench_launch", "host": "bench_host", "step": "bench_step", "softmax": "bench_softmax",
           "prefill": "bench_prefill", "decode": "bench_decode"}
+WITHOUT_GPU = ("host",)  # suites that run on the fake driver
+
+
+def gpu_unavailable() -> str | None:
+    """Why there is nothing to benchmark on (no driver or device), or None."""
+    import ptxattn
+
+    try:
+        return None if ptxattn.device_count() else "the CUDA driver reports no device"
+    except ptxattn.CudaUnavailableError as exc:
+        return str(exc)
 
 
 def print_table(suite: str, rows: list[dict]) -> None:
@@ -70,6 +83,17 @@ def main() -> int:
     parser.add_argument("--baseline", metavar="DIR", help="step suite: also time the eager step of the ptxattn "
                                                           "importable from DIR (an earlier version)")
     args = parser.parse_args()
+    reason = gpu_unavailable()
+    needs_gpu = [s for s in args.suite if s not in WITHOUT_GPU]
+    if reason and needs_gpu:
+        print(f"bench: {', '.join(needs_gpu)} cannot run without a GPU: {reason} (the host suite can: "
+              f"--suite host)", file=sys.stderr)
+        return 1
+    if needs_gpu:
+        from bench_common import torch_cuda
+
+        torch = torch_cuda()
+        print(f"PyTorch columns: {'torch ' + torch.__version__ if torch else 'none (torch with CUDA is not importable)'}")
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for suite in args.suite:

@@ -1,84 +1,161 @@
-"""Timing helpers shared by every benchmark suite (run on the GPU machine, with torch).
+"""Timing, inputs and the copy-bandwidth line shared by every benchmark suite (GPU machine).
 
-Inputs come from torch (random, never zeros) and reach ptxattn zero-copy through DLPack;
-every timed function runs on torch's current stream, so one pair of CUDA events brackets
-ours and PyTorch's work alike.
+Everything runs on ptxattn alone: inputs are made with NumPy and uploaded, every timed call
+goes to one ptxattn stream (`stream()`), ptxattn events bracket it, and the copy-bandwidth
+line is the driver's device-to-device copy. When torch with CUDA is importable (`torch_cuda()`),
+suites add PyTorch's columns; torch then runs on that same stream, so the same events
+bracket its work.
 """
 from __future__ import annotations
 
+import ctypes
+import functools
 import statistics
 import time
 
+import numpy as np
 
-def suite_torch(suite: str):
-    """torch with CUDA for a suite (its inputs, timing and comparisons), or None after saying
-    the suite is skipped."""
+import ptxattn
+from ptxattn.context import on_device
+from ptxattn.driver import call, cu
+from ptxattn.module import Kernel, ParamStruct, load_ptx
+
+
+@functools.lru_cache(maxsize=None)
+def stream() -> ptxattn.Stream:
+    """The stream every suite runs and times its work on (device 0)."""
+    with on_device(ptxattn.get_device(0)):
+        return ptxattn.Stream.create()
+
+
+@functools.lru_cache(maxsize=None)
+def torch_cuda():
+    """torch, its current stream set to `stream()`, when torch with CUDA is importable; else
+    None (the suites then leave out PyTorch's columns)."""
     try:
         import torch
     except ImportError:
-        torch = None
-    if torch is None or not torch.cuda.is_available():
-        print(f"{suite}: needs torch with CUDA (inputs, timing, comparisons); skipped")
         return None
+    if not torch.cuda.is_available():
+        return None
+    torch.cuda.set_stream(torch.cuda.ExternalStream(stream().ptr))
     return torch
 
 
+# Spins until `ns` nanoseconds of the global timer have passed since it started.
+_SPIN_PTX = b"""
+.version 7.0
+.target sm_80
+.address_size 64
+
+.visible .entry bench_spin(.param .u64 ns)
+{
+    .reg .pred %p;
+    .reg .b64 %start, %now, %ns;
+    ld.param.u64 %ns, [ns];
+    mov.u64 %start, %globaltimer;
+SPIN:
+    mov.u64 %now, %globaltimer;
+    sub.u64 %now, %now, %start;
+    setp.lt.u64 %p, %now, %ns;
+    @%p bra SPIN;
+    ret;
+}
+"""
+
+
+class _SpinParams(ParamStruct):
+    _fields_ = [("ns", ctypes.c_uint64)]
+
+
+@functools.lru_cache(maxsize=None)
+def _spin_kernel() -> Kernel:
+    device = ptxattn.get_device(0)
+    with on_device(device):
+        module = load_ptx(_SPIN_PTX, "bench_common spin kernel", device)
+        return Kernel("bench_spin", call(cu.cuModuleGetFunction, module, b"bench_spin"), "sm_80")
+
+
+def spin(ns: int) -> None:
+    """Keep `stream()` busy for `ns` nanoseconds (one thread of one SM)."""
+    with on_device(ptxattn.get_device(0)):
+        _spin_kernel().launch((1, 1, 1), (1, 1, 1), _SpinParams(ns), stream())
+
+
+SPIN_MARGIN = 2.0  # the spin lasts twice the measured queueing time
+
+
 def time_ms(fn, *, warmup: int = 5, repeat: int = 30, rotate: int = 1, batch: int = 4) -> float:
-    """Device milliseconds per call of `fn(i)`: the median over `repeat` samples, each a
-    CUDA-event pair around max(rotate, batch) back-to-back calls. `fn` receives the call
-    index modulo `rotate`, so callers can cycle through input sets that together exceed the
-    L2 cache.
+    """Device milliseconds per call of `fn(i)` on `stream()`: the median over `repeat`
+    samples, each an event pair around max(rotate, batch) back-to-back calls. `fn` receives
+    the call index modulo `rotate`, so callers can cycle through input sets that together
+    exceed the L2 cache.
 
     Before each start event the stream gets a spin kernel that outlasts the host's work of
     queueing the sample's calls, so the events bracket the calls' device time alone and a
     backend's host cost per call (ours ~45 us of Python for sdpa, less for PyTorch) cannot
     leave the device idle inside the timed window; `host_ms` reports that cost."""
-    import torch
-
     calls = max(rotate, batch)
-    spin_cycles = int(SPIN_MARGIN * calls * host_ms(fn, warmup, rotate) * 1e-3 * MAX_CLOCK_HZ)
-    torch.cuda.synchronize()
+    spin_ns = int(SPIN_MARGIN * calls * host_ms(fn, warmup, rotate) * 1e6)
+    start, end = ptxattn.Event(timing=True), ptxattn.Event(timing=True)
     times = []
     for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(spin_cycles)
-        start.record()
+        spin(spin_ns)
+        start.record(stream())
         for i in range(calls):
             fn(i % rotate)
-        end.record()
+        end.record(stream())
         end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
+        times.append(start.elapsed_ms(end) / calls)
     return statistics.median(times)
-
-
-SPIN_MARGIN = 2.0     # the spin lasts twice the measured queueing time
-MAX_CLOCK_HZ = 2.0e9  # at or above the H200's boost clock (1.98 GHz): the spin errs long
 
 
 def host_ms(fn, calls: int = 5, rotate: int = 1) -> float:
     """Host milliseconds to queue one call of `fn(i)` (the median of `calls` calls, each
     after a synchronize so none waits on a full queue); the first call also warms up."""
-    import torch
-
     fn(0)
-    torch.cuda.synchronize()
+    stream().synchronize()
     samples = []
     for i in range(calls):
         begin = time.perf_counter()
         fn(i % rotate)
         samples.append((time.perf_counter() - begin) * 1e3)
-        torch.cuda.synchronize()
+        stream().synchronize()
     return statistics.median(samples)
 
 
-def copy_bandwidth_tbs(nbytes: int = 2 << 30) -> float:
-    """Device-to-device copy bandwidth (bytes read + bytes written per second), in TB/s."""
-    import torch
+def try_time(fn, **kwargs):
+    """time_ms, or None with the reason printed when a backend refuses the shape."""
+    try:
+        return time_ms(fn, **kwargs)
+    except RuntimeError as exc:
+        print(f"  (skipped: {str(exc).splitlines()[0][:120]})")
+        return None
 
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda i: dst.copy_(src), warmup=3, repeat=20)
+
+def copy_bandwidth_tbs(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy bandwidth through the driver (cuMemcpyDtoDAsync; bytes read +
+    bytes written per second), in TB/s: the reference line for memory-bound ops."""
+    device = ptxattn.get_device(0)
+    src = ptxattn.zeros((nbytes,), np.uint8, device, stream())
+    dst = ptxattn.empty((nbytes,), np.uint8, device)
+
+    def copy(i):
+        call(cu.cuMemcpyDtoDAsync, dst.ptr, src.ptr, nbytes, stream().handle)
+
+    with on_device(device):
+        ms = time_ms(copy, warmup=3, repeat=20)
     return 2 * nbytes / (ms * 1e-3) / 1e12
+
+
+def random_host(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> np.ndarray:
+    """Standard-normal values times `scale`, in `dtype` (never zeros)."""
+    return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(dtype)
+
+
+def upload(host: np.ndarray) -> ptxattn.DeviceArray:
+    """`host` on device 0, copied on `stream()`."""
+    return ptxattn.asarray(host, stream())
 
 
 def rotation_count(bytes_per_set: int, l2_bytes: int = 60 << 20) -> int:
@@ -86,9 +163,14 @@ def rotation_count(bytes_per_set: int, l2_bytes: int = 60 << 20) -> int:
     return max(1, -(-4 * l2_bytes // max(bytes_per_set, 1)))
 
 
+def relative_error(got, want) -> float:
+    """‖got − want‖ / ‖want‖ in float64."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.linalg.norm(got - want) / np.linalg.norm(want))
+
+
 def torch_sdpa_backends():
     """{name: callable(q, k, v, is_causal, enable_gqa)} for PyTorch's flash and cuDNN SDPA."""
-    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
@@ -99,12 +181,3 @@ def torch_sdpa_backends():
         return run
 
     return {"torch_flash": make(SDPBackend.FLASH_ATTENTION), "torch_cudnn": make(SDPBackend.CUDNN_ATTENTION)}
-
-
-def try_time(fn, **kwargs):
-    """time_ms, or None with the reason printed when a backend refuses the shape."""
-    try:
-        return time_ms(fn, **kwargs)
-    except RuntimeError as exc:
-        print(f"  (skipped: {str(exc).splitlines()[0][:120]})")
-        return None

@@ -34,18 +34,33 @@ PTX = ROOT / "ptx"
 COMMON_OPTIONS = ["--std=c++17", "--device-as-default-execution-space"]
 
 
-def _wheel_dir(package: str, sub: str) -> Path:
-    spec = importlib.util.find_spec(package)
+# The wheels of the `build` extra: NVRTC and the CUDA headers.
+BUILD_PACKAGES = {"nvidia.cuda_nvrtc": "nvidia-cuda-nvrtc-cu12", "nvidia.cuda_runtime": "nvidia-cuda-runtime-cu12"}
+
+
+def _package_dir(package: str) -> Path | None:
+    try:
+        spec = importlib.util.find_spec(package)
+    except ModuleNotFoundError:  # its parent (nvidia) is not installed either
+        return None
     if spec is None or not spec.submodule_search_locations:
-        sys.exit(f"build_ptx: {package} is not installed: pip install -e '.[build]'")
-    return Path(next(iter(spec.submodule_search_locations))) / sub
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def missing_build_extra() -> str | None:
+    """Why the PTX cannot be built here (the `build` extra is not installed), or None."""
+    missing = [wheel for package, wheel in BUILD_PACKAGES.items() if _package_dir(package) is None]
+    if not missing:
+        return None
+    return f"{', '.join(missing)} not installed: building the PTX needs the build extra (pip install -e '.[build]')"
 
 
 class Nvrtc:
     """The handful of NVRTC entry points the build needs, through ctypes."""
 
     def __init__(self) -> None:
-        lib_dir = _wheel_dir("nvidia.cuda_nvrtc", "lib")
+        lib_dir = _package_dir("nvidia.cuda_nvrtc") / "lib"
         candidates = sorted(lib_dir.glob("libnvrtc.so.*")) + sorted(lib_dir.glob("nvrtc64_*.dll"))
         if not candidates:
             sys.exit(f"build_ptx: no NVRTC library in {lib_dir}")
@@ -152,7 +167,7 @@ def expand(family: str, info: dict) -> tuple[dict[str, str], list[str]]:
 def build(out: Path) -> None:
     table = json.loads((CU / "variants.json").read_text())
     nvrtc = Nvrtc()
-    include = _wheel_dir("nvidia.cuda_runtime", "include")
+    include = _package_dir("nvidia.cuda_runtime") / "include"
     # Include paths are absolute on the build machine; they are not part of the recorded
     # options (they do not change the PTX).
     paths = [f"-I{include}", f"-I{CU}"]
@@ -214,6 +229,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="rebuild into a temp dir and compare with ptx/")
     args = parser.parse_args()
+    reason = missing_build_extra()
+    if reason:
+        print(f"build_ptx: {reason}", file=sys.stderr)
+        return 2
     if not args.check:
         for stale in PTX.glob("sm_*"):
             shutil.rmtree(stale)

@@ -172,21 +172,19 @@ def main() -> int:
     parser.add_argument("--waves", nargs="+", type=int, help="grid targets in waves of resident CTAs "
                                                              "(default: the plan's)")
     args = parser.parse_args()
-    from bench_common import copy_bandwidth_tbs, suite_torch
+    from bench_common import copy_bandwidth_tbs, stream, torch_cuda
 
-    torch = suite_torch("decode_sweep")
+    torch = torch_cuda()  # its current stream is bench_common's, which time_ms times
     if torch is None:
+        print("decode_sweep: needs torch with CUDA (inputs, the reference, the kernel profile)", file=sys.stderr)
         return 1
     import ptxattn
 
-    dev = ptxattn.get_device(torch.cuda.current_device())
-    side = torch.cuda.Stream()
-    stream = ptxattn.as_stream(side.cuda_stream)
+    dev = ptxattn.get_device(0)
     print(f"{dev.name}: {dev.sm_count} SMs, copy {copy_bandwidth_tbs():.2f} TB/s; bf16 Hq{HQ} Hkv{HKV} D{D} Sq1; "
           f"times in us", flush=True)
-    with torch.cuda.stream(side):
-        for name in args.shapes:
-            sweep_shape(torch, name, *SHAPES[name], stream, dev, args)
+    for name in args.shapes:
+        sweep_shape(torch, name, *SHAPES[name], stream(), dev, args)
     return 0
 
 

@@ -43,9 +43,9 @@ def kernel_name(tile) -> str:
 
 
 def build(out: Path) -> None:
-    from build_ptx import CU, COMMON_OPTIONS, Nvrtc, _wheel_dir, c_literal
+    from build_ptx import CU, COMMON_OPTIONS, Nvrtc, _package_dir, c_literal
 
-    include = _wheel_dir("nvidia.cuda_runtime", "include")
+    include = _package_dir("nvidia.cuda_runtime") / "include"
     options = COMMON_OPTIONS + [f"-I{include}", f"-I{CU}"]
 
     def compile_with(source: str, arch: str, lines: list[str]) -> str:
@@ -65,10 +65,8 @@ def _sm90_path(ptx: Path) -> Path:
 
 
 def run(ptx_path: Path) -> None:
-    import torch
-
     import ptxattn
-    from bench_common import time_ms, torch_sdpa_backends
+    from bench_common import stream as bench_stream, time_ms, torch_cuda, torch_sdpa_backends
     from bench_prefill import SHAPES, _shape_name
     from ptxattn.context import on_device
     from ptxattn.driver import call, cu
@@ -76,8 +74,11 @@ def run(ptx_path: Path) -> None:
     from ptxattn.ops import attention
     from ptxattn.variants import Sm90Tile, TcTile, sdpa_tiles, sm90_tiles
 
+    torch = torch_cuda()
+    if torch is None:
+        raise SystemExit("sdpa_tune run: needs torch with CUDA (the flash reference and its timing)")
     device = ptxattn.get_device(0)
-    stream = ptxattn.as_stream(torch.cuda.current_stream())
+    stream = bench_stream()  # torch's current stream too: time_ms times the work queued there
     flash = torch_sdpa_backends()["torch_flash"]
     shipped = {variant.plain for variant in sdpa_tiles().values()}
     def load(path, names):

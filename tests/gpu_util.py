@@ -9,29 +9,40 @@ CANARY = 1024  # elements of guard on each side of an output
 
 
 class GuardedOutput:
-    """An output DeviceArray filled with NaN, inside a larger buffer whose margins hold a
-    known pattern; `check()` proves nothing outside the output was written."""
+    """An output DeviceArray poisoned before the kernel runs (NaN, or -12345 for integer
+    dtypes), inside a larger buffer whose margins hold a known pattern."""
 
     def __init__(self, shape, dtype, rng: np.random.Generator, device=None) -> None:
         dtype = np.dtype(dtype)
         size = int(np.prod(shape, dtype=np.int64))
-        self.margin = rng.standard_normal(2 * CANARY).astype(np.float32).astype(dtype) if dtype.kind == "f" or dtype == ptxattn.bfloat16 \
-            else rng.integers(0, 100, 2 * CANARY).astype(dtype)
-        poison = np.full(size, np.nan, dtype=np.float32).astype(dtype) if dtype.kind == "f" or dtype == ptxattn.bfloat16 \
-            else np.full(size, -12345, dtype=dtype)
+        self.floating = dtype.kind == "f" or dtype == ptxattn.bfloat16
+        if self.floating:
+            self.margin = rng.standard_normal(2 * CANARY).astype(np.float32).astype(dtype)
+            poison = np.full(size, np.nan, dtype=np.float32).astype(dtype)
+        else:
+            self.margin = rng.integers(0, 100, 2 * CANARY).astype(dtype)
+            poison = np.full(size, -12345, dtype=dtype)
         host = np.concatenate([self.margin[:CANARY], poison, self.margin[CANARY:]])
         self.whole = ptxattn.asarray(host, device=device)
         self.array = ptxattn.DeviceArray(self.whole.ptr + CANARY * dtype.itemsize, shape, dtype, None,
                                          self.whole.device, self.whole)
         self.size = size
 
-    def check(self) -> np.ndarray:
-        """The output as NumPy, after asserting the canaries are intact and nothing is NaN."""
+    def check(self, nan_allowed: bool = False) -> np.ndarray:
+        """The output as NumPy, after asserting the canaries are intact (nothing outside the
+        output was written) and, for a floating output, that no element is NaN (each was
+        written, with a number). A test that expects NaN somewhere passes nan_allowed=True
+        and checks those elements itself."""
         host = self.whole.get(self.array.stream)
         before, out, after = host[:CANARY], host[CANARY:CANARY + self.size], host[CANARY + self.size:]
         assert np.array_equal(before.view(np.uint8), self.margin[:CANARY].view(np.uint8)), "write before the output"
         assert np.array_equal(after.view(np.uint8), self.margin[CANARY:].view(np.uint8)), "write past the output"
-        return out.reshape(self.array.shape)
+        out = out.reshape(self.array.shape)
+        if self.floating and not nan_allowed:
+            nan = np.isnan(out.astype(np.float32))
+            assert not nan.any(), (f"{int(nan.sum())} of {out.size} output elements are NaN (unwritten or "
+                                   f"computed), the first at {np.unravel_index(nan.argmax(), out.shape)}")
+        return out
 
 
 def relative_error(out, ref) -> float:

@@ -215,13 +215,17 @@ def test_bad_length_raises_after_sync_and_context_stays_usable(rng, bad_len, cod
     lens = np.array([bad_len, 17], np.int32)
     q = rand(rng, (2, 4, 1, 64), dtype)
     k, v = rand(rng, (2, 2, cap, 64), dtype), rand(rng, (2, 2, cap, 64), dtype)
+    # Every key and value of the bad row is NaN, and row 1's past its length: a read shows.
+    k_bad, v_bad = (nan_tail_cache(rng, 2, 2, cap, 64, dtype, [0, 17]) for _ in range(2))
     dev = ptxattn.get_device(0)
-    o = ptxattn.decode(ptxattn.asarray(q), ptxattn.asarray(k), ptxattn.asarray(v), ptxattn.asarray(lens))
+    o = ptxattn.decode(*(ptxattn.asarray(x) for x in (q, k_bad, v_bad, lens)))
     with pytest.raises(ptxattn.DeviceFault, match="row 0") as info:
         ptxattn.check_faults(dev, o.stream or ptxattn.as_stream(None))
     assert info.value.code == code
-    assert not np.isnan(o.get()).any()  # the bad row was skipped, not read
-    with pytest.raises(ptxattn.DeviceFault):  # NumPy calls raise it themselves
+    got = o.get()
+    assert not np.asarray(got[0], np.float32).any(), "the bad row must be skipped (zeros), not read"
+    check_attention(got[1:], None, reference.decode(q[1:], k_bad[1:], v_bad[1:], lens[1:])[0], None, dtype)
+    with pytest.raises(ValueError, match=r"decode: seq_lens\[0\] = "):  # NumPy lengths are checked on the host
         ptxattn.decode(q, k, v, lens)
     good = np.array([cap, 17], np.int32)
     o, lse = ptxattn.decode(q, k, v, good, return_lse=True)

@@ -2,11 +2,14 @@
 the eager call; what capture must refuse; the README's decode loop."""
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
 import ptxattn
 from ptxattn import reference
+from ptxattn.memory import live_device_bytes
 
 pytestmark = pytest.mark.gpu
 
@@ -40,10 +43,17 @@ def test_softmax_graph_capture_and_replay(rng, dev, stream):
 
 def test_numpy_inputs_refused_while_capturing(rng, dev, stream):
     ptxattn.softmax(np.ones((2, 2), np.float32))
-    with pytest.raises(RuntimeError, match="NumPy inputs but the stream is capturing") as info:
+    gc.collect()
+    before = live_device_bytes()
+    with pytest.raises(RuntimeError, match="NumPy inputs but the stream is capturing"):
         with ptxattn.capture(stream, dev):
-            ptxattn.softmax(rng.standard_normal((4, 8)).astype(np.float32), stream=stream)
-    assert not isinstance(info.value, ptxattn.CudaError)  # refused before any allocation
+            try:
+                ptxattn.softmax(rng.standard_normal((4, 8)).astype(np.float32), stream=stream)
+            finally:
+                # Frees wait for the capture's end: an upload or output made before the
+                # refusal would still be counted here.
+                during = live_device_bytes()
+    assert during == before, "device memory was allocated before the refusal"
 
 
 def test_allocating_output_refused_while_capturing(rng, dev, stream):
@@ -60,9 +70,14 @@ def test_objects_collected_during_capture_are_released_after_it(rng, dev, stream
     temporary = ptxattn.empty((1024,), np.float32, dev)
     with ptxattn.capture(stream, dev) as graph:
         ptxattn.softmax(x, out=y, stream=stream)
+    gc.collect()
+    held = live_device_bytes()
     with ptxattn.capture(stream, dev) as graph:  # rebinding drops the first graph mid-capture
         del temporary  # and a buffer is freed mid-capture
         ptxattn.softmax(x, out=y, stream=stream)
+        during = live_device_bytes()
+    assert during == held, "a buffer was freed during the capture (that breaks the capture)"
+    assert live_device_bytes() == (held[0] - 1, held[1] - 4096), "the buffer was not freed after the capture"
     graph.replay()
     np.testing.assert_allclose(y.get(stream), reference.softmax(x.get()), rtol=1e-5, atol=1e-7)
 

@@ -100,12 +100,15 @@ def test_page_outside_pool_raises_after_sync_and_context_stays_usable(rng):
     bad[1, 2] = len(k_pool) + 5
     q = rand(rng, (batch, 4, 1, d), dtype)
     lens = np.array([64, 64], np.int32)
-    o = ptxattn.paged_decode(ptxattn.asarray(q), ptxattn.asarray(k_pool), ptxattn.asarray(k_pool),
-                             ptxattn.asarray(bad), ptxattn.asarray(lens))
+    # The pool is the head of a larger buffer whose pages past it are NaN: reading the bad
+    # page id (inside that buffer, so no illegal address) would show in the output.
+    past = np.full((8,) + k_pool.shape[1:], np.nan, np.float32).astype(dtype)
+    pool = ptxattn.asarray(np.concatenate([k_pool, past]))[:len(k_pool)]
+    o = ptxattn.paged_decode(ptxattn.asarray(q), pool, pool, ptxattn.asarray(bad), ptxattn.asarray(lens))
     with pytest.raises(ptxattn.DeviceFault, match="outside the page pool") as info:
         ptxattn.check_faults(ptxattn.get_device(0), ptxattn.as_stream(None))
     assert (info.value.code, info.value.row, info.value.value) == (1, 1, len(k_pool) + 5)
-    assert not np.isnan(o.get()).any()
+    assert not np.isnan(o.get()).any(), "the bad page was read, not skipped"
     o, lse = ptxattn.paged_decode(q, k_pool, k_pool, table, lens, return_lse=True)
     check_attention(o, lse, *reference.decode(q, k, k, lens), dtype)
 
@@ -116,8 +119,15 @@ def test_slot_outside_pool_raises_and_skips_only_that_token(rng):
     v_pool = np.zeros((pages, 1, page_size, 4), dtype)
     slots = np.array([3, pages * page_size, 9], np.int64)
     k_new, v_new = rand(rng, (3, 1, 4), dtype), rand(rng, (3, 1, 4), dtype)
+    k_dev, v_dev = ptxattn.asarray(k_pool), ptxattn.asarray(v_pool)
+    ptxattn.paged_kv_append(ptxattn.asarray(k_new), ptxattn.asarray(v_new), k_dev, v_dev, ptxattn.asarray(slots))
     with pytest.raises(ptxattn.DeviceFault, match="slot_mapping entry is outside the page pool") as info:
-        ptxattn.paged_kv_append(k_new, v_new, k_pool, v_pool, slots)
+        ptxattn.check_faults(ptxattn.get_device(0), ptxattn.as_stream(None))
     assert (info.value.code, info.value.row) == (3, 1)
+    k_pool, v_pool = k_dev.get(), v_dev.get()
     assert np.array_equal(k_pool[0, 0, 3], k_new[0, 0]) and np.array_equal(v_pool[1, 0, 1], v_new[2, 0])
+    assert np.count_nonzero(k_pool) == 8
+    # NumPy slots are checked on the host, before anything is written.
+    with pytest.raises(ValueError, match=r"paged_kv_append: slot_mapping\[1\] = 32 is outside \[-1, 31\]"):
+        ptxattn.paged_kv_append(k_new, v_new, k_pool, v_pool, slots)
     assert np.count_nonzero(k_pool) == 8

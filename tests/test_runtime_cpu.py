@@ -6,6 +6,7 @@ import ctypes
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,15 +132,45 @@ def test_dlpack_capsule_layout(versioned):
     assert address not in dlpack._alive
 
 
+def _cli(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ptxattn", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
+
+
 @pytest.mark.skipif(gpu_unavailable_reason() is None, reason="this machine has a GPU")
 @pytest.mark.parametrize("command", ["info", "demo"])
 def test_cli_without_gpu_says_one_clear_sentence(command):
-    proc = subprocess.run([sys.executable, "-m", "ptxattn", command], capture_output=True, text=True,
-                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    proc = _cli(command, env={"CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"ptxattn {command}:"), proc.stderr
+
+
+def test_cli_info_without_gpu_first_shows_what_the_package_carries():
+    proc = _cli("info", env={"CUDA_VISIBLE_DEVICES": ""})
+    m = manifest()
+    need = m["min_driver_cuda_version"]
+    assert f"ptxattn {ptxattn.__version__}" in proc.stdout
+    assert f"PTX ISA {m['ptx_isa_version']}, needs a driver for CUDA {need[0]}.{need[1]}+" in proc.stdout
+    for family, entry in m["families"].items():
+        assert any(line.split() == [family, *entry["archs"]] for line in proc.stdout.splitlines()), family
+
+
+def test_cli_help_describes_each_command_and_version_prints():
+    help_text = _cli("--help").stdout
+    assert "info      What the package carries" in help_text
+    assert "demo      The decode loop ptxattn is for" in help_text
+    version = _cli("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"ptxattn {ptxattn.__version__}"
+
+
+def test_readme_states_the_driver_and_isa_the_ptx_needs():
+    m = manifest()
+    need = m["min_driver_cuda_version"]
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert f"supports CUDA {need[0]}.{need[1]} or newer" in readme
+    assert f"ISA {m['ptx_isa_version']} from NVRTC {m['nvrtc_version']}" in readme
 
 
 def test_old_driver_is_refused_with_versions(monkeypatch):

@@ -244,13 +244,24 @@ def test_strided_bshd_inputs_and_output(dtype, offset, rng):
     _check(case, got, None, *(x.transpose(0, 2, 1, 3) for x in (q, k, v)), None, None)
 
 
-def test_sm90_devices_take_the_wgmma_kernel():
+@pytest.mark.parametrize("dtype, d, kernel", [(BF16, 128, "flash_fwd_sm90_bf16_d128"),
+                                              (F16, 64, "flash_fwd_sm90_f16_d64")])
+def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, kernel):
     device = ptxattn.get_device(0)
     if device.compute_capability != (9, 0):
         pytest.skip(f"the wgmma kernel runs on compute capability 9.0, this is {device.compute_capability}")
-    from ptxattn.ops import attention
-    assert attention._runs_wgmma(device)
-    assert attention._plan(BF16, 1, 2, 300, 128, 128, False, True)[0] == "flash_fwd_sm90_bf16_d128"
+    launched = []
+    launch = ptxattn.module.Kernel.launch
+
+    def recording_launch(self, *args, **kwargs):
+        launched.append(self.name)
+        return launch(self, *args, **kwargs)
+
+    monkeypatch.setattr(ptxattn.module.Kernel, "launch", recording_launch)
+    case = Case(dtype, 1, 2, 2, 300, 300, d, d)
+    o, lse, inputs = _run_device(case, rng)
+    assert [name for name in launched if name.startswith("flash_fwd")] == [kernel], f"sdpa launched {launched}"
+    _check(case, o, lse, *inputs)
 
 
 def test_broadcast_mask_is_read_through_zero_strides(rng):
