@@ -205,9 +205,9 @@ class DecodeChecked:
 
 
 def validate_decode(op: str, a: dict, src: KvSource, scale, softcap, window, return_lse, on_host: bool,
-                    device=None) -> DecodeChecked:
+                    device=None) -> DecodeChecked | None:
     """Everything decode and paged_decode check alike, and the plan (on `device`, default:
-    the arrays' device, else the current one)."""
+    the arrays' device, else the current one); NumPy calls (on_host) get no plan, None."""
     q = a["q"]
     check_query(op, q, src.k, src.v)
     for name in src.names[:2]:
@@ -223,21 +223,22 @@ def validate_decode(op: str, a: dict, src: KvSource, scale, softcap, window, ret
     return_lse = check_flag(op, "return_lse", return_lse)
     left, _ = parse_window(op, window)
     checked_scale, checked_softcap = parse_scale(op, scale, dqk), parse_softcap(op, softcap)
-    if on_host:
+    workspace = a.get("workspace")
+    if workspace is not None and not isinstance(workspace, DeviceArray):
+        raise TypeError(f"{op}: workspace must be a device array (ptxattn.empty(({op}_workspace_bytes(...),), "
+                        f"np.uint8)), got {type(workspace).__name__}")
+    if on_host:  # NumPy values are read here; the plan is made when the uploaded arrays run
         check_host_values(op, "seq_lens", a["seq_lens"], 0, src.capacity, "a live length")
+        return None
     if device is None:
         device = q.device if isinstance(q, DeviceArray) else default_device()
     plan = plan_decode(batch=batch, hq=hq, hkv=src.k.heads, sq=sq, dqk=dqk, dv=src.v.dim, capacity=src.capacity,
                        dtype=q.dtype, sm_count=device.sm_count, max_shared=device.max_shared_per_block_optin)
-    workspace = a.get("workspace")
-    if workspace is not None:
-        if not isinstance(workspace, DeviceArray):
-            raise TypeError(f"{op}: workspace must be a device array (ptxattn.empty(({plan.workspace_bytes},), "
-                            f"np.uint8)), got {type(workspace).__name__}")
-        if workspace.nbytes < plan.workspace_bytes or not workspace.is_contiguous or workspace.ptr % ALIGNMENT:
-            raise ValueError(f"{op}: workspace must be a contiguous device array of at least "
-                             f"{plan.workspace_bytes:,} bytes starting on a {ALIGNMENT}-byte boundary (see "
-                             f"{op}_workspace_bytes), got {workspace.nbytes:,} bytes at 0x{workspace.ptr:x}")
+    if workspace is not None and (workspace.nbytes < plan.workspace_bytes or not workspace.is_contiguous
+                                  or workspace.ptr % ALIGNMENT):
+        raise ValueError(f"{op}: workspace must be a contiguous device array of at least "
+                         f"{plan.workspace_bytes:,} bytes starting on a {ALIGNMENT}-byte boundary (see "
+                         f"{op}_workspace_bytes), got {workspace.nbytes:,} bytes at 0x{workspace.ptr:x}")
     return DecodeChecked(src, plan, checked_scale, checked_softcap, left, return_lse or a["out_lse"] is not None,
                          return_lse)
 

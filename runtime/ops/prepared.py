@@ -231,6 +231,9 @@ class Op:
                 continue
             kind = array_kind(a)
             if kind == "host":
+                if not isinstance(a, np.ndarray) and np.asarray(a).dtype.kind in "OSUV":
+                    raise TypeError(f"{self.name}: {self.arrays[i]} must be an array (NumPy or on the device), "
+                                    f"got {type(a).__name__} {a!r:.40}")
                 host = host or []
                 host.append(i)
             elif kind != "ptxattn":
@@ -266,8 +269,8 @@ class Op:
         devices = {a.device.ordinal for a in arrays if a is not None}
         if len(devices) > 1:
             raise ValueError(f"{self.name}: all arrays must be on one device, got devices {sorted(devices)}")
-        device = next(a.device for a in arrays if a is not None)
         checked = self.validate(named, *options)
+        device = next(a.device for a in arrays if a is not None)
         binding = Binding(self, device)
         with on_device(device):  # the caller's context if it is this device's, else the primary one
             binding.context = hot().current_context()
