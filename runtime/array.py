@@ -88,7 +88,9 @@ class DeviceArray:
 
     @property
     def is_contiguous(self) -> bool:
-        """C-contiguous (axes of length 1 may carry any stride)."""
+        """C-contiguous (axes of length 1 may carry any stride; an empty array always is)."""
+        if self.size == 0:
+            return True
         expected = _contiguous_strides(self.shape, self.itemsize)
         return all(n <= 1 or s == e for n, s, e in zip(self.shape, self.strides, expected))
 

@@ -46,15 +46,27 @@ def _torch_current_stream(index: int) -> int:
 
 
 def _from_torch(t, producers: set) -> DeviceArray:
-    device = t.device
-    if device.type != "cuda":
-        raise TypeError(f"expected a CUDA tensor, got one on {device}")
-    dtype = _torch_dtype(t.dtype)
+    """Straight from the tensor's accessors: DLPack's export alone costs more than the call."""
+    if not t.is_cuda:
+        raise TypeError(f"expected a CUDA tensor, got one on {t.device}")
+    dtype = _torch_dtypes.get(t.dtype) or _torch_dtype(t.dtype)
+    index = t.get_device()
+    ptr, shape, strides = t.data_ptr(), tuple(t.shape), t.stride()
     itemsize = dtype.itemsize
-    index = device.index if device.index is not None else 0
+    arr = DeviceArray.view(ptr, shape, dtype, tuple(s * itemsize for s in strides), get_device(index), t)
+    arr._meta = (shape, strides, dtype, index, min(ptr & -ptr, 256) if ptr else 256)  # as DeviceArray.meta
     producers.add(_torch_current_stream(index))
-    return DeviceArray.view(t.data_ptr(), tuple(t.shape), dtype, tuple(s * itemsize for s in t.stride()),
-                            get_device(index), t)
+    return arr
+
+
+def _from_cupy(a, producers: set) -> DeviceArray:
+    """Straight from the array's attributes; its producer is CuPy's current stream."""
+    ptr = a.data.ptr
+    index = a.device.id
+    dtype = normalize(a.dtype, "dtype of a CuPy array")
+    arr = DeviceArray.view(ptr, a.shape, dtype, a.strides, get_device(index), a)
+    producers.add(sys.modules["cupy"].cuda.get_current_stream(index).ptr)
+    return arr
 
 
 def _from_cai(obj, producers: set) -> DeviceArray:
@@ -85,6 +97,8 @@ def import_device_array(obj, kind: str, stream: Stream, producers: set) -> Devic
     DLPack imports order themselves."""
     if kind == "torch":
         return _from_torch(obj, producers)
+    if kind == "cai" and type(obj).__module__.split(".")[0] == "cupy":
+        return _from_cupy(obj, producers)
     if kind == "cai":
         try:
             return _from_cai(obj, producers)

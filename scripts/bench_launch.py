@@ -50,6 +50,16 @@ def _host_us(fn, sync, calls: int = CALLS) -> float:
     return statistics.median(samples) * 1e6
 
 
+def _interleaved(fns, sync, rounds: int = 5) -> list[float]:
+    """`_host_us` of each function, measured in turn over several rounds; the best median of
+    each, so that a burst of noise on the host does not land on one path only."""
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            best[i] = min(best[i], _host_us(fn, sync, CALLS // 2))
+    return best
+
+
 def _probe_rows(args, dev) -> list[dict]:
     count = 2000 if args.quick else 20000
     rows = []
@@ -145,7 +155,7 @@ def _baseline_rows(directory: str) -> list[dict]:
 
 def _foreign_rows(np, cases, stream) -> list[dict]:
     """The same eager calls with torch tensors and CuPy arrays passed in, and torch's SDPA."""
-    rows = []
+    rows, torch_us = [], {}
     try:
         import torch
     except ImportError:
@@ -166,9 +176,12 @@ def _foreign_rows(np, cases, stream) -> list[dict]:
                                               stream=tstream.cuda_stream)
                 theirs = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
             with torch.cuda.stream(tstream):
-                rows.append({"path": f"eager, torch tensors: {name}", "us_per_call": _host_us(ours, torch.cuda.synchronize)})
-                rows.append({"path": f"torch F.scaled_dot_product_attention: {name.split(',')[0]}",
-                             "us_per_call": _host_us(theirs, torch.cuda.synchronize)})
+                ours_us, theirs_us = _interleaved((ours, theirs), torch.cuda.synchronize)
+            rows.append({"path": f"eager, torch tensors: {name}", "us_per_call": ours_us,
+                         "vs_torch_sdpa": ours_us / theirs_us})
+            rows.append({"path": f"torch F.scaled_dot_product_attention: {name.split(',')[0]}",
+                         "us_per_call": theirs_us})
+            torch_us[name] = theirs_us
     try:
         import cupy as cp
     except ImportError:
@@ -181,7 +194,9 @@ def _foreign_rows(np, cases, stream) -> list[dict]:
             q, k, v, lens, out, ws = (cp.asarray(a.get().astype(np.float16) if a.dtype == ptxattn.bfloat16 else a.get())
                                       for a in arrays)
             call = lambda: ptxattn.decode(q, k, v, lens, out=out, workspace=ws, stream=s.ptr)  # noqa: E731
-            rows.append({"path": f"eager, CuPy arrays (float16): {name}", "us_per_call": _host_us(call, s.synchronize)})
+            cupy_us = min(_interleaved((call,), s.synchronize))
+            rows.append({"path": f"eager, CuPy arrays (float16): {name}", "us_per_call": cupy_us,
+                         "vs_torch_sdpa": cupy_us / torch_us[name] if name in torch_us else None})
     return rows
 
 
@@ -247,9 +262,8 @@ def run(args) -> list[dict]:
                 for fn, gx, gy, gz, bx, by, bz, shared, argv in launches:
                     cu.cuLaunchKernel(fn, gx, gy, gz, bx, by, bz, shared, handle, argv, 0)
 
-            raw_us = _host_us(raw, stream.synchronize)
-            prepared_us = _host_us(prepared.run, stream.synchronize)
-            rows.append({"path": f"eager, DeviceArrays: {name}", "us_per_call": _host_us(call, stream.synchronize)})
+            raw_us, prepared_us, eager_us = _interleaved((raw, prepared.run, call), stream.synchronize)
+            rows.append({"path": f"eager, DeviceArrays: {name}", "us_per_call": eager_us})
             rows.append({"path": f"prepared run: {name}", "us_per_call": prepared_us,
                          "vs_raw_launches": prepared_us / raw_us})
             rows.append({"path": f"raw cuLaunchKernel x{len(launches)} of the same launches: {name}",

@@ -137,6 +137,19 @@ def options_are_keyed_with_their_types() -> None:
         raise AssertionError("scale=True ran on the binding cached for scale=1")
 
 
+def ops_with_equal_arguments_keep_their_own_bindings() -> None:
+    """softmax and log_softmax take the same arguments: each call must run its own op."""
+    x, y = ptxattn.empty((7, 300), np.float32), ptxattn.empty((7, 300), np.float32)
+    ran = []
+    execute = prepared.Binding.execute
+    prepared.Binding.execute = lambda self, *args: ran.append(self) or execute(self, *args)
+    for op in (ptxattn.softmax, ptxattn.log_softmax, ptxattn.softmax, ptxattn.log_softmax):
+        op(x, out=y, stream=STREAM)
+        binding = ran[-1]
+        assert binding.op is op.op and binding.launches[0].params.log_softmax == (op is ptxattn.log_softmax), \
+            f"{op.__name__} ran {binding.op.name}'s binding"
+
+
 def cache_stays_bounded() -> None:
     prepared.clear_bindings()
     for n in range(prepared.CACHE_ENTRIES + 40):

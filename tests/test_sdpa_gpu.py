@@ -250,17 +250,22 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, kernel):
     device = ptxattn.get_device(0)
     if device.compute_capability != (9, 0):
         pytest.skip(f"the wgmma kernel runs on compute capability 9.0, this is {device.compute_capability}")
-    launched = []
-    launch = ptxattn.module.Kernel.launch
+    from ptxattn.driver import cu
+    from ptxattn.module import get_kernel
 
-    def recording_launch(self, *args, **kwargs):
-        launched.append(self.name)
-        return launch(self, *args, **kwargs)
+    launched = []  # the function handles the driver was asked to launch
+    launch = cu.cuLaunchKernel
 
-    monkeypatch.setattr(ptxattn.module.Kernel, "launch", recording_launch)
+    def recording_launch(function, *args):
+        launched.append(int(function))
+        return launch(function, *args)
+
+    monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
     case = Case(dtype, 1, 2, 2, 300, 300, d, d)
     o, lse, inputs = _run_device(case, rng)
-    assert [name for name in launched if name.startswith("flash_fwd")] == [kernel], f"sdpa launched {launched}"
+    with ptxattn.on_device(device):
+        wanted = int(get_kernel(kernel, device).function)
+    assert launched.count(wanted) == 1, f"sdpa launched {launched}, not {kernel} ({wanted})"
     _check(case, o, lse, *inputs)
 
 

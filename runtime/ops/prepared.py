@@ -12,7 +12,7 @@ build/execute.
   and launches. Outputs and workspace the call would make are made once, at prepare time,
   so a prepared call can be captured into a graph as it is.
 - An eager call looks its Binding up in a per-thread cache keyed by everything validation
-  and planning read (the context, each array's `meta`, each option with its type): equal keys
+  and planning read (the op, the context, each array's `meta`, each option with its type): equal keys
   cannot plan differently, so no stale plan runs. Per thread, because a run writes the
   struct it launches.
 """
@@ -262,7 +262,7 @@ class Op:
 
     def key(self, context: int, metas: tuple, arrays: list, options: tuple):
         extra = self.extra_key(arrays) if self.extra_key is not None else None
-        return (context, metas, options, tuple(map(type, options)), extra)
+        return (self, context, metas, options, tuple(map(type, options)), extra)
 
     def build(self, arrays: list, options: tuple) -> Binding:
         named = self.named(arrays)
