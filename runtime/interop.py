@@ -47,13 +47,11 @@ def _torch_current_stream(index: int) -> int:
 
 def _from_torch(t, producers: set) -> DeviceArray:
     """Straight from the tensor's accessors: DLPack's export alone costs more than the call."""
-    if not t.is_cuda:
-        raise TypeError(f"expected a CUDA tensor, got one on {t.device}")
     dtype = _torch_dtypes.get(t.dtype) or _torch_dtype(t.dtype)
-    index = t.get_device()
+    index = t.get_device()  # a CUDA tensor: array_kind said so
     ptr, shape, strides = t.data_ptr(), tuple(t.shape), t.stride()
     itemsize = dtype.itemsize
-    arr = DeviceArray.view(ptr, shape, dtype, tuple(s * itemsize for s in strides), get_device(index), t)
+    arr = DeviceArray.view(ptr, shape, dtype, tuple([s * itemsize for s in strides]), get_device(index), t)
     arr._meta = (shape, strides, dtype, index, min(ptr & -ptr, 256) if ptr else 256)  # as DeviceArray.meta
     producers.add(_torch_current_stream(index))
     return arr

@@ -8,6 +8,7 @@ allocation nor its release waits for the device.
 from __future__ import annotations
 
 import ctypes
+import sys
 import threading
 import weakref
 
@@ -21,7 +22,8 @@ from .stream import Stream
 
 __all__ = [
     "DeviceBuffer", "PinnedBuffer", "OutOfMemoryError", "CaptureAllocationError",
-    "WorkspaceLayout", "live_device_bytes", "pool_bytes_in_use", "ALIGNMENT",
+    "WorkspaceLayout", "live_device_bytes", "pool_bytes_in_use", "stream_workspace", "release_workspaces",
+    "ALIGNMENT",
 ]
 
 ALIGNMENT = 256
@@ -97,7 +99,7 @@ class DeviceBuffer:
     `stream` it comes from the stream-ordered pool, usable by work queued on that stream
     (or ordered after it), and is freed in that stream's order."""
 
-    __slots__ = ("ptr", "nbytes", "device", "_finalizer", "__weakref__")
+    __slots__ = ("ptr", "nbytes", "device", "_stream", "_live", "__weakref__")
 
     def __init__(self, nbytes: int, device: Device, stream: Stream | None = None) -> None:
         self.nbytes = int(nbytes)
@@ -119,15 +121,25 @@ class DeviceBuffer:
                 free, total = call(cu.cuMemGetInfo)
             raise OutOfMemoryError(device, self.nbytes, free, total) from None
         self.ptr = dptr
-        self._finalizer = weakref.finalize(self, release, _free_device, dptr, device, self.nbytes, stream)
+        self._stream = stream
+        self._live = True
         _count(1, self.nbytes)
 
     def close(self) -> None:
-        self._finalizer()
+        if self._live:
+            self._live = False
+            release(_free_device, self.ptr, self.device, self.nbytes, self._stream)
+
+    def __del__(self) -> None:
+        # __del__ rather than weakref.finalize: an eager call makes one of these per output,
+        # and a finalizer costs more than the stream-ordered allocation itself. At
+        # interpreter exit the process's memory goes with its context.
+        if not sys.is_finalizing():
+            self.close()
 
     @property
     def closed(self) -> bool:
-        return not self._finalizer.alive
+        return not self._live
 
 
 def _free_device(dptr: int, device: Device, nbytes: int, stream: Stream | None) -> None:
@@ -195,3 +207,36 @@ class WorkspaceLayout:
     def __repr__(self) -> str:
         regions = ", ".join(f"{n}={self.sizes[n]}@{self.offsets[n]}" for n in self.offsets)
         return f"WorkspaceLayout({regions}; {self.nbytes} bytes)"
+
+
+# ---- eager calls' workspace ----------------------------------------------------------------------
+_workspaces: dict[tuple[int, int], DeviceBuffer] = {}
+_workspaces_lock = threading.Lock()
+
+
+def stream_workspace(device: Device, stream: Stream, nbytes: int) -> int:
+    """The address of at least `nbytes` of scratch for eager calls on `stream`. Work on one
+    stream is ordered, so every call on it may reuse the same bytes; a larger need replaces
+    the buffer in the stream's order (the old one is freed after the work queued before it),
+    so nothing waits. Held until release_workspaces(); a captured graph never uses it (the
+    buffer could be replaced under the graph)."""
+    key = (device.ordinal, stream.ptr)
+    buffer = _workspaces.get(key)
+    if buffer is not None and buffer.nbytes >= nbytes:
+        return buffer.ptr
+    with _workspaces_lock:
+        grown = DeviceBuffer(align_up(max(nbytes, 1)), device, stream)
+        old, _workspaces[key] = _workspaces.get(key), grown
+    if old is not None:
+        old.close()
+    return grown.ptr
+
+
+def release_workspaces() -> None:
+    """Give the eager calls' per-stream workspaces back to the pool (each in its stream's order)."""
+    with _workspaces_lock:
+        held = list(_workspaces.values())
+        _workspaces.clear()
+    for buffer in held:
+        buffer.close()
+

@@ -35,7 +35,7 @@ def stream(dev):
 
 
 def _decode_inputs(rng, dtype, batch=3, hq=8, hkv=2, cap=1500, d=128, sq=1):
-    lens = np.array([cap, 1, 777][:batch], np.int32)
+    lens = np.array([cap, 1, min(777, cap)][:batch], np.int32)
     return (rand(rng, (batch, hq, sq, d), dtype), nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens),
             nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens), lens)
 
@@ -78,21 +78,39 @@ def test_prepared_call_captures_without_preallocating(rng, dev, stream):
     assert _bits(replayed) == _bits(ptxattn.decode(qd, kd, vd, ld, stream=stream).get(stream))
 
 
-def test_eager_outputs_and_workspace_return_to_the_pool(rng, dev, stream):
+def test_eager_outputs_return_to_the_pool_and_the_workspace_is_reused(rng, dev, stream):
     q, k, v, lens = _decode_inputs(rng, BF16)
     args = [ptxattn.asarray(x, stream) for x in (q, k, v, lens)]
-    o = ptxattn.decode(*args, stream=stream)  # warm: modules, fault buffer, binding
+    o = ptxattn.decode(*args, stream=stream)  # warm: modules, fault buffer, binding, the stream's workspace
     del o
     stream.synchronize()
     gc.collect()
     before = live_device_bytes(), pool_bytes_in_use(dev)
     outputs = [ptxattn.decode(*args, stream=stream) for _ in range(5)]
     check_attention(outputs[-1].get(stream), None, reference.decode(q, k, v, lens)[0], None, BF16)
-    assert live_device_bytes()[0] == before[0][0] + len(outputs)  # the outputs; each workspace went back
+    assert live_device_bytes()[0] == before[0][0] + len(outputs)  # the outputs; the workspace was reused
     del outputs
     gc.collect()
     stream.synchronize()
     assert (live_device_bytes(), pool_bytes_in_use(dev)) == before
+
+
+def test_stream_workspace_grows_in_stream_order(rng, dev, stream):
+    """A call needing more workspace than its stream holds replaces it without waiting for the
+    work queued before (which may still read the old one), and both calls are right."""
+    from ptxattn.memory import stream_workspace
+
+    small = [ptxattn.asarray(x, stream) for x in _decode_inputs(rng, np.float16, cap=600)]
+    large_host = _decode_inputs(rng, np.float16, cap=6000)
+    large = [ptxattn.asarray(x, stream) for x in large_host]
+    first = ptxattn.decode(*small, stream=stream)
+    held = stream_workspace(dev, stream, 1)
+    need = ptxattn.decode_workspace_bytes(*large[:3])
+    assert need > ptxattn.decode_workspace_bytes(*small[:3])
+    second = ptxattn.decode(*large, stream=stream)  # grows: the old buffer is freed after `first`
+    assert stream_workspace(dev, stream, need) != held  # replaced, not waited for
+    check_attention(first.get(stream), None, reference.decode(*(x.get(stream) for x in small))[0], None, np.float16)
+    check_attention(second.get(stream), None, reference.decode(*large_host)[0], None, np.float16)
 
 
 def test_sdpa_out_lse_preallocated_and_captured(rng, dev, stream):

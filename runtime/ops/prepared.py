@@ -30,7 +30,7 @@ from ..device import Device
 from ..driver import CudaUnavailableError, call, cu, hot
 from ..faults import check_faults
 from ..interop import import_device_array, order_after_producers
-from ..memory import CaptureAllocationError, DeviceBuffer
+from ..memory import CaptureAllocationError, DeviceBuffer, stream_workspace
 from ..module import ParamStruct, get_kernel, launch_error
 from ..stream import Stream, as_stream
 
@@ -101,9 +101,11 @@ class Binding:
         for view, offset in self.slots[index]:
             view.value = ptr + offset
 
-    def allocate(self, arrays: list, stream: Stream, persistent: bool) -> DeviceBuffer | None:
-        """Make the outputs the caller did not pass (and return the workspace, if one is
-        needed and not passed). Eager calls take them from the stream-ordered pool."""
+    def allocate(self, arrays: list, stream: Stream, persistent: bool) -> int:
+        """Make the outputs the caller did not pass and return the workspace's address, if
+        one is needed and not passed (else 0). Prepared calls own theirs (made once); eager
+        calls take outputs from the stream-ordered pool and the workspace from their
+        stream's (memory.stream_workspace), and refuse both while the stream is capturing."""
         op = self.op
         needs_workspace = self.workspace_bytes and arrays[op.workspace_index] is None
         if not persistent and stream.ptr and stream.is_capturing():
@@ -113,9 +115,14 @@ class Binding:
             if arrays[index] is None:
                 buffer = DeviceBuffer(nbytes, self.device, pool_stream)
                 arrays[index] = DeviceArray.view(buffer.ptr, shape, dtype, strides, self.device, buffer, stream)
-        if needs_workspace:
-            return DeviceBuffer(self.workspace_bytes, self.device, pool_stream)
-        return None
+        if not needs_workspace:
+            return 0
+        if persistent:
+            buffer = DeviceBuffer(self.workspace_bytes, self.device)
+            arrays[op.workspace_index] = DeviceArray.view(buffer.ptr, (buffer.nbytes,), np.dtype(np.uint8), (1,),
+                                                          self.device, buffer)
+            return buffer.ptr
+        return stream_workspace(self.device, stream, self.workspace_bytes)
 
     def _capture_message(self, arrays: list) -> str:
         missing = [f"{self.op.arrays[i]} ({nbytes:,} bytes)" for i, (_, _, _, nbytes) in self.makes.items()
@@ -141,15 +148,13 @@ class Binding:
         if pushed:
             hot_path.push(self.context)
         try:
-            workspace = self.allocate(arrays, stream, persistent=False) if self._missing(arrays) else None
+            workspace = self.allocate(arrays, stream, persistent=False) if self._missing(arrays) else 0
             ws_index = self.op.workspace_index
             for index, slots in self.pointer_slots:
-                ptr = workspace.ptr if index == ws_index and workspace is not None else arrays[index].ptr
+                ptr = workspace if index == ws_index and workspace else arrays[index].ptr
                 for view, offset in slots:
                     view.value = ptr + offset
             self.launch_all(stream.ptr)
-            if workspace is not None:
-                workspace.close()  # stream-ordered: after the launches above
         finally:
             if pushed:
                 hot_path.pop()
@@ -382,10 +387,7 @@ class Prepared:
         self.stream = stream
         self.op = binding.op.name
         self.device = binding.device
-        workspace = binding.allocate(arrays, stream, persistent=True)
-        if workspace is not None:
-            arrays[binding.op.workspace_index] = DeviceArray.view(
-                workspace.ptr, (workspace.nbytes,), np.dtype(np.uint8), (1,), binding.device, workspace)
+        binding.allocate(arrays, stream, persistent=True)
         self._arrays = arrays
         self._results = None
         self._metas = [None if a is None else a.meta for a in arrays]
