@@ -132,8 +132,11 @@ class _HotPath:
 
     def current_context(self) -> int:
         """Handle of the calling thread's current context (0 if none)."""
-        slot = self._slot()
-        err = self._get_current(self._slots.ref)
+        try:
+            slot, ref = self._slots.current
+        except AttributeError:
+            slot, ref = self._slots.current = (self._slot(), self._slots.ref)
+        err = self._get_current(ref)
         if err:
             raise CudaError("cuCtxGetCurrent", cu.CUresult(err))
         return slot.value or 0

@@ -24,11 +24,12 @@ from .driver import call, cu, hot
 from .dtypes import normalize
 from .stream import LEGACY_DEFAULT, Stream
 
-__all__ = ["import_device_array", "order_after_producers"]
+__all__ = ["import_device_array", "producer_streams", "order_after_producers"]
 
 _CAI_LEGACY, _CAI_PER_THREAD = 1, 2
 _PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD
 _torch_dtypes: dict = {}
+_cupy_dtypes: dict = {}
 
 
 def _torch_dtype(dtype) -> np.dtype:
@@ -53,17 +54,20 @@ def _from_torch(t, producers: set) -> DeviceArray:
     itemsize = dtype.itemsize
     arr = DeviceArray.view(ptr, shape, dtype, tuple([s * itemsize for s in strides]), get_device(index), t)
     arr._meta = (shape, strides, dtype, index, min(ptr & -ptr, 256) if ptr else 256)  # as DeviceArray.meta
-    producers.add(_torch_current_stream(index))
+    producers.add(("torch", index))
     return arr
 
 
 def _from_cupy(a, producers: set) -> DeviceArray:
     """Straight from the array's attributes; its producer is CuPy's current stream."""
-    ptr = a.data.ptr
-    index = a.device.id
-    dtype = normalize(a.dtype, "dtype of a CuPy array")
-    arr = DeviceArray.view(ptr, a.shape, dtype, a.strides, get_device(index), a)
-    producers.add(sys.modules["cupy"].cuda.get_current_stream(index).ptr)
+    ptr, shape, strides = a.data.ptr, a.shape, a.strides
+    dtype = _cupy_dtypes.get(a.dtype) or _cupy_dtypes.setdefault(a.dtype, normalize(a.dtype, "dtype of a CuPy array"))
+    index = a.data.device_id
+    itemsize = dtype.itemsize
+    arr = DeviceArray.view(ptr, shape, dtype, strides, get_device(index), a)
+    arr._meta = (shape, tuple([s // itemsize for s in strides]), dtype, index,
+                 min(ptr & -ptr, 256) if ptr else 256)  # as DeviceArray.meta
+    producers.add(("cupy", index))
     return arr
 
 
@@ -90,9 +94,9 @@ def _from_cai(obj, producers: set) -> DeviceArray:
 
 
 def import_device_array(obj, kind: str, stream: Stream, producers: set) -> DeviceArray:
-    """A DeviceArray over a foreign device array of `kind` (array.array_kind; no copy). The
-    producer streams to order after are added to `producers` (see `order_after_producers`);
-    DLPack imports order themselves."""
+    """A DeviceArray over a foreign device array of `kind` (array.array_kind; no copy). What
+    produced it is added to `producers` (see `producer_streams`); DLPack imports order
+    themselves."""
     if kind == "torch":
         return _from_torch(obj, producers)
     if kind == "cai" and type(obj).__module__.split(".")[0] == "cupy":
@@ -117,7 +121,21 @@ def _event():
     return event
 
 
-def order_after_producers(stream: Stream, producers: set) -> None:
+def producer_streams(producers: set) -> set[int]:
+    """The stream handles behind `producers`: handles already, or (framework, device) pairs
+    whose current stream is asked once per call rather than once per array."""
+    streams = set()
+    for producer in producers:
+        if type(producer) is int:
+            streams.add(producer)
+        elif producer[0] == "torch":
+            streams.add(_torch_current_stream(producer[1]))
+        else:
+            streams.add(sys.modules["cupy"].cuda.get_current_stream(producer[1]).ptr)
+    return streams
+
+
+def order_after_producers(stream: Stream, producers: set[int]) -> None:
     """Make `stream` wait for the work queued so far on each producer stream (not itself).
     Call in the context of the arrays' device."""
     for producer in producers:

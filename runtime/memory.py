@@ -102,6 +102,7 @@ class DeviceBuffer:
     __slots__ = ("ptr", "nbytes", "device", "_stream", "_live", "__weakref__")
 
     def __init__(self, nbytes: int, device: Device, stream: Stream | None = None) -> None:
+        self._live = False  # until the memory exists (__del__ runs after a failed __init__ too)
         self.nbytes = int(nbytes)
         self.device = device
         size = max(self.nbytes, 1)  # an empty buffer still gets a valid address

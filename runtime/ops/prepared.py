@@ -29,7 +29,7 @@ from ..context import default_device, on_device
 from ..device import Device
 from ..driver import CudaUnavailableError, call, cu, hot
 from ..faults import check_faults
-from ..interop import import_device_array, order_after_producers
+from ..interop import import_device_array, order_after_producers, producer_streams
 from ..memory import CaptureAllocationError, DeviceBuffer, stream_workspace
 from ..module import ParamStruct, get_kernel, launch_error
 from ..stream import Stream, as_stream
@@ -259,8 +259,9 @@ class Op:
                     arrays[i] = import_device_array(args[i], kind, stream, producers)
                 except TypeError as exc:
                     raise TypeError(f"{self.name}: {self.arrays[i]}: {exc}") from None
+            producers = producer_streams(producers) if producers and not capturing else set()
             producers.discard(stream.ptr)
-            if producers and not capturing:
+            if producers:
                 with on_device(arrays[foreign[0][0]].device):
                     order_after_producers(stream, producers)
         return arrays, False
@@ -408,39 +409,10 @@ class Prepared:
     def run(self, stream=None, **arrays):
         """Launch on `stream` (default: the one given at prepare time); returns what the op
         returns (its bound outputs)."""
-        binding = self._binding
-        op = binding.op
         st = self.stream if stream is None else as_stream(stream)
         if arrays:
-            names = list(arrays)
-            unknown = [n for n in names if n not in op.index]
-            if unknown:
-                raise TypeError(f"{op.name}.run: unknown array {unknown[0]!r}; the call's arrays are {', '.join(op.arrays)}")
-            args = [None] * len(op.arrays)
-            for n in names:
-                args[op.index[n]] = arrays[n]
-            imported, on_host = op._device_arrays(args, st)
-            if on_host:
-                raise TypeError(f"{op.name}.run: takes device arrays, got NumPy for {', '.join(names)}")
-            for n in names:
-                i = op.index[n]
-                new = imported[i]
-                if new is None or new.meta != self._metas[i]:
-                    want = self._metas[i]
-                    raise ValueError(
-                        f"{op.name}.run: {n} must match the prepared one (shape, element strides, dtype, device, "
-                        f"alignment {want}), got {None if new is None else new.meta}; prepare a new call for it")
-            if op.extra_key is not None:
-                trial = list(self._arrays)
-                for n in names:
-                    trial[op.index[n]] = imported[op.index[n]]
-                if op.extra_key(trial) != op.extra_key(self._arrays):
-                    raise ValueError(f"{op.name}.run: the arrays must keep the prepared relative placement")
-            for n in names:
-                i = op.index[n]
-                self._arrays[i] = imported[i]
-                binding.write(i, imported[i].ptr)
-            self._results = None
+            self._rebind(arrays, st)
+        binding = self._binding
         hot_path = hot()
         pushed = hot_path.current_context() != binding.context
         if pushed:
@@ -452,16 +424,49 @@ class Prepared:
                 hot_path.pop()
         return self._results_on(st)
 
+    def _rebind(self, arrays: dict, stream: Stream) -> None:
+        """Bind the named arrays in place of the prepared ones, after checking they match."""
+        binding = self._binding
+        op = binding.op
+        names = list(arrays)
+        unknown = [n for n in names if n not in op.index]
+        if unknown:
+            raise TypeError(f"{op.name}.run: unknown array {unknown[0]!r}; the call's arrays are {', '.join(op.arrays)}")
+        args = [None] * len(op.arrays)
+        for n in names:
+            args[op.index[n]] = arrays[n]
+        imported, on_host = op._device_arrays(args, stream)
+        if on_host:
+            raise TypeError(f"{op.name}.run: takes device arrays, got NumPy for {', '.join(names)}")
+        for n in names:
+            i = op.index[n]
+            new = imported[i]
+            if new is None or new.meta != self._metas[i]:
+                raise ValueError(
+                    f"{op.name}.run: {n} must match the prepared one (shape, element strides, dtype, device, "
+                    f"alignment {self._metas[i]}), got {None if new is None else new.meta}; prepare a new call for it")
+        if op.extra_key is not None:
+            trial = list(self._arrays)
+            for n in names:
+                trial[op.index[n]] = imported[op.index[n]]
+            if op.extra_key(trial) != op.extra_key(self._arrays):
+                raise ValueError(f"{op.name}.run: the arrays must keep the prepared relative placement")
+        for n in names:
+            i = op.index[n]
+            self._arrays[i] = imported[i]
+            binding.write(i, imported[i].ptr)
+        self._results = None
+
     def _results_on(self, stream: Stream):
         """What the op returns (its bound outputs), each recorded as last written on `stream`."""
         if self._results is None:
             binding = self._binding
             found = [self._arrays[binding.op.index[name]] for name in binding.returns]
-            self._results = (tuple(found) if binding.returns_tuple else found[0] if found else None, found)
+            self._results = (tuple(found) if binding.returns_tuple else found[0] if found else None,
+                             [arr for arr in found if type(arr) is DeviceArray])
         result, arrays = self._results
         for arr in arrays:
-            if type(arr) is DeviceArray:
-                arr.stream = stream
+            arr.stream = stream
         return result
 
 
