@@ -124,6 +124,35 @@ def host_ms(fn, calls: int = 5, rotate: int = 1) -> float:
     return statistics.median(samples)
 
 
+def host_us_each(fn, sync, calls: int) -> float:
+    """Median host microseconds of one call of `fn()` made with an empty queue (`sync()`
+    before each): the host's cost alone, on any stream or framework."""
+    fn()
+    samples = []
+    for _ in range(calls):
+        sync()
+        begin = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - begin)
+    sync()
+    return statistics.median(samples) * 1e6
+
+
+def back_to_back_us(fn, stream: ptxattn.Stream, calls: int, warmup: int = 5) -> float:
+    """Microseconds per call of `calls` calls of `fn()` queued back to back on `stream` between
+    two events, the host running ahead as in a user's loop: a call whose host cost exceeds
+    its device time shows here."""
+    for _ in range(warmup):
+        fn()
+    stream.synchronize()
+    start = ptxattn.Event(timing=True).record(stream)
+    for _ in range(calls):
+        fn()
+    end = ptxattn.Event(timing=True).record(stream)
+    end.synchronize()
+    return start.elapsed_ms(end) / calls * 1e3
+
+
 def try_time(fn, **kwargs):
     """time_ms, or None with the reason printed when a backend refuses the shape."""
     try:

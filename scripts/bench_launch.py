@@ -13,7 +13,6 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -24,6 +23,8 @@ from ptxattn.context import on_device
 from ptxattn.driver import cu, hot
 from ptxattn.module import get_kernel
 from ptxattn.ops.probe import ProbeParams
+
+from bench_common import back_to_back_us, host_us_each
 
 CALLS = 300
 
@@ -37,26 +38,13 @@ def _per_launch_us(launch, count: int) -> float:
     return (time.perf_counter() - start) / count * 1e6
 
 
-def _host_us(fn, sync, calls: int = CALLS) -> float:
-    """Median host microseconds of one call made with an empty queue."""
-    fn()
-    samples = []
-    for _ in range(calls):
-        sync()
-        begin = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - begin)
-    sync()
-    return statistics.median(samples) * 1e6
-
-
 def _interleaved(fns, sync, rounds: int = 5) -> list[float]:
-    """`_host_us` of each function, measured in turn over several rounds; the best median of
+    """`host_us_each` of each function, measured in turn over several rounds; the best median of
     each, so that a burst of noise on the host does not land on one path only."""
     best = [float("inf")] * len(fns)
     for _ in range(rounds):
         for i, fn in enumerate(fns):
-            best[i] = min(best[i], _host_us(fn, sync, CALLS // 2))
+            best[i] = min(best[i], host_us_each(fn, sync, CALLS // 2))
     return best
 
 
@@ -137,7 +125,7 @@ def op_cases(np, stream):
 def eager_op_host_us(np) -> dict:
     """{case: host us} of the eager op calls (also run under a baseline version)."""
     stream = ptxattn.Stream.create()
-    return {name: _host_us(call, stream.synchronize) for name, _, call in op_cases(np, stream)}
+    return {name: host_us_each(call, stream.synchronize, CALLS) for name, _, call in op_cases(np, stream)}
 
 
 def _baseline_rows(directory: str) -> list[dict]:
@@ -223,21 +211,11 @@ def _eager_decode_rows(args, np, dev) -> list[dict]:
             "graph replay": graph.replay,
         }
         moved = 2 * batch * 8 * cap * 128 * 2 + 2 * batch * 32 * 128 * 2
-        times = {}
-        for mode, fn in modes.items():
-            for _ in range(5):
-                fn()
-            stream.synchronize()
-            start = ptxattn.Event(timing=True).record(stream)
-            for _ in range(calls):
-                fn()
-            end = ptxattn.Event(timing=True).record(stream)
-            end.synchronize()
-            times[mode] = start.elapsed_ms(end) / calls
-        for mode, ms in times.items():
+        times = {mode: back_to_back_us(fn, stream, calls) for mode, fn in modes.items()}
+        for mode, us in times.items():
             rows.append({"path": f"decode B{batch} T{cap} bf16 Hq32 Hkv8 D128 back to back: {mode}",
-                         "us_per_call": ms * 1e3, "tb_per_s": moved / (ms * 1e-3) / 1e12,
-                         "vs_graph_replay": times["graph replay"] / ms})
+                         "us_per_call": us, "tb_per_s": moved / (us * 1e-6) / 1e12,
+                         "vs_graph_replay": times["graph replay"] / us})
         graph.close()
         del kc, vc
     return rows

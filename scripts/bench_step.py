@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from bench_common import back_to_back_us, host_us_each
 
 LAYERS, B, HQ, HKV, D, CAPACITY, LIVE = 32, 8, 32, 8, 128, 4096, 2048
 STEPS = 64
@@ -45,29 +45,6 @@ def _build(ptxattn, np, stream):
             ptxattn.kv_append(k_new, v_new, kc, vc, lens, stream=stream)
             ptxattn.decode(q, kc, vc, lens, out=out, workspace=ws, stream=stream)
     return layers, eager
-
-
-def _host_us(step, stream, steps: int = STEPS) -> float:
-    step()
-    samples = []
-    for _ in range(steps):
-        stream.synchronize()
-        begin = time.perf_counter()
-        step()
-        samples.append(time.perf_counter() - begin)
-    stream.synchronize()
-    return statistics.median(samples) * 1e6
-
-
-def _device_us(ptxattn, step, stream, steps: int = STEPS) -> float:
-    step()
-    stream.synchronize()
-    start = ptxattn.Event(timing=True).record(stream)
-    for _ in range(steps):
-        step()
-    end = ptxattn.Event(timing=True).record(stream)
-    end.synchronize()
-    return start.elapsed_ms(end) / steps * 1e3
 
 
 def _reset_lengths(layers, np, stream) -> None:
@@ -100,7 +77,7 @@ def _baseline_eager_host_us(directory: str):
     """Host us/step of the eager step under an earlier ptxattn importable from `directory`."""
     code = ("import sys, json, numpy as np, ptxattn; sys.path.insert(0, sys.argv[1]); import bench_step as b; "
             "s = ptxattn.Stream.create(); layers, eager = b._build(ptxattn, np, s); "
-            "print(json.dumps([ptxattn.__file__, b._host_us(eager, s)]))")
+            "print(json.dumps([ptxattn.__file__, b.host_us_each(eager, s.synchronize, b.STEPS)]))")
     child = subprocess.run([sys.executable, "-c", code, str(Path(__file__).resolve().parent)], capture_output=True,
                            text=True, env={**os.environ, "PYTHONPATH": directory})
     if child.returncode != 0:
@@ -139,9 +116,9 @@ def run(args) -> list[dict]:
         _reset_lengths(layers, np, stream)
         baseline = _baseline_eager_host_us(args.baseline) if getattr(args, "baseline", None) else None
         for mode, step in modes.items():
-            host = _host_us(step, stream)
+            host = host_us_each(step, stream.synchronize, STEPS)
             _reset_lengths(layers, np, stream)
-            device = _device_us(ptxattn, step, stream)
+            device = back_to_back_us(step, stream, STEPS)
             _reset_lengths(layers, np, stream)
             row = {"shape": f"{LAYERS} layers B{B} Hq{HQ} Hkv{HKV} D{D} T{CAPACITY} live {LIVE}", "mode": mode,
                    "host_us_per_step": host, "device_us_per_step": device, "kernel_sum_us": kernel_sum,

@@ -71,7 +71,6 @@ def run(ptx_path: Path) -> None:
     from ptxattn.context import on_device
     from ptxattn.driver import call, cu
     from ptxattn.module import Kernel, load_ptx
-    from ptxattn.ops import attention
     from ptxattn.variants import Sm90Tile, TcTile, sdpa_tiles, sm90_tiles
 
     torch = torch_cuda()
