@@ -60,24 +60,24 @@ def demo(args) -> None:
 def main(argv=None) -> int:
     from . import __version__
     from .driver import CudaUnavailableError
+    from .demo import add_arguments as demo_arguments
     from .module import PtxLoadError
 
-    from .demo import add_arguments
-
-    commands = {"info": (info, None), "demo": (demo, add_arguments)}
+    # name -> (function, what adds its options, or None when it takes none)
+    commands = {"info": (info, None), "demo": (demo, demo_arguments)}
     parser = argparse.ArgumentParser(
         prog="ptxattn", description="ptxattn: attention kernels precompiled to PTX, run through the CUDA driver API.")
     parser.add_argument("--version", action="version", version=f"ptxattn {__version__}")
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, (fn, add_arguments) in commands.items():
+    for name, (fn, options) in commands.items():
         summary = inspect.getdoc(fn).split("\n\n")[0].replace("\n", " ")
         sub = subcommands.add_parser(name, help=summary, description=inspect.getdoc(fn))
-        if add_arguments is not None:
-            add_arguments(sub)
+        if options is not None:
+            options(sub)
     args = parser.parse_args(argv)
     try:
-        fn, add_arguments = commands[args.command]
-        fn(args) if add_arguments is not None else fn()
+        fn, options = commands[args.command]
+        fn(args) if options is not None else fn()
     except (CudaUnavailableError, PtxLoadError) as exc:
         print(f"ptxattn {args.command}: {exc}", file=sys.stderr)
         return 1

@@ -215,7 +215,7 @@ def threads_launch_their_own_pointers() -> None:
         t.join()
     assert not errors, errors
     for ident, pointers in seen.items():
-        assert set(pointers) <= mine[ident], f"a thread launched another thread's arrays"
+        assert set(pointers) <= mine[ident], "a thread launched another thread's arrays"
     assert sum(len(p) for p in seen.values()) == 8 * 600
 
 
