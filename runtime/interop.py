@@ -55,7 +55,10 @@ def _from_torch(t, producers: set) -> DeviceArray:
     """Straight from the tensor's accessors: DLPack's export alone costs more than the call.
     A host passes the same tensors every step, so what was read of one is kept (weakly) and
     reused after checking what can change in place: address, dtype, shape and strides."""
-    seen = _seen.__dict__.setdefault("tensors", {})
+    try:
+        seen = _seen.tensors
+    except AttributeError:
+        seen = _seen.tensors = {}
     hit = seen.get(id(t))
     if hit is not None:
         ref, torch_dtype, (ptr, shape, dtype, strides, device, meta) = hit
