@@ -98,9 +98,11 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed
     moved = 2 * HKV * D * 2 * int(lens.sum()) + 2 * batch * HQ * D * 2
     print(f"{name}: B{batch} capacity {capacity}, {int(lens.sum()) / (batch * capacity):.3f} of the keys live", flush=True)
 
+    workspace = {}  # the current plan's, made before its capture
+
     def step(i):
         q, k, v = dev_sets[i]
-        ptxattn.decode(q, k, v, dev_lens, out=dev_out, stream=stream)
+        ptxattn.decode(q, k, v, dev_lens, out=dev_out, workspace=workspace["ws"], stream=stream)
 
     def error() -> float:
         torch.cuda.synchronize()
@@ -131,9 +133,10 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed
         seen[key] = label.split(None, 1)[1]
         decode_module.plan_decode = lambda **kw: shipped_plan(**{**kw, **override})
         clear_bindings()  # eager calls replan with the override
+        workspace["ws"] = ptxattn.empty((max(plan.workspace_bytes, 1),), "uint8")
         graphs = []
         try:
-            step(0)  # outside capture: loads modules, grows the arena
+            step(0)  # outside capture: loads modules
             err = error()
             for i in range(len(sets)):
                 with ptxattn.capture(stream) as g:
