@@ -300,14 +300,15 @@ def _kind_of_type(cls: type) -> str:
     return "host"
 
 
-def array_kind(obj) -> str:
+def array_kind(obj, tensors_on_device: bool = False) -> str:
     """"ptxattn", "torch", "cai" (CUDA Array Interface) or "dlpack" for an array in device
-    memory, "host" for anything else (NumPy, lists, CPU tensors)."""
+    memory, "host" for anything else (NumPy, lists, CPU tensors). `tensors_on_device`: take
+    a torch tensor to be a CUDA one unasked (the op path's importer checks it itself)."""
     cls = type(obj)
     kind = _KINDS.get(cls)
     if kind is None:
         kind = _KINDS[cls] = _kind_of_type(cls)
-    if kind == "torch" and not obj.is_cuda:
+    if kind == "torch" and not tensors_on_device and not obj.is_cuda:
         return "host"
     if kind == "dlpack" and obj.__dlpack_device__()[0] not in (dlpack.KDL_CUDA, 13):
         return "host"

@@ -25,7 +25,7 @@ from .driver import call, cu, hot
 from .dtypes import normalize
 from .stream import LEGACY_DEFAULT, Stream
 
-__all__ = ["import_device_array", "producer_streams", "order_after_producers"]
+__all__ = ["import_device_array", "producer_streams", "order_after_producers", "NotOnDevice"]
 
 _CAI_LEGACY, _CAI_PER_THREAD = 1, 2
 _PER_THREAD_STREAM = 2  # CU_STREAM_PER_THREAD
@@ -45,6 +45,10 @@ def _torch_current_stream(index: int) -> int:
     torch = sys.modules["torch"]
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # ~20x cheaper than the public call
     return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+class NotOnDevice(Exception):
+    """A tensor taken for a CUDA one (array_kind(tensors_on_device=True)) is on the host."""
 
 
 _seen = threading.local()  # per thread: id(tensor) -> (weak reference, dtype, the parts of its view)
@@ -68,9 +72,11 @@ def _from_torch(t, producers: set) -> DeviceArray:
             arr._meta = meta
             producers.add(("torch", meta[3]))
             return arr
+    index = t.get_device()
+    if index < 0:
+        raise NotOnDevice
     torch_dtype = t.dtype
     dtype = _torch_dtypes.get(torch_dtype) or _torch_dtype(torch_dtype)
-    index = t.get_device()  # a CUDA tensor: array_kind said so
     ptr, shape, element_strides = t.data_ptr(), tuple(t.shape), t.stride()
     strides = tuple([s * dtype.itemsize for s in element_strides])
     meta = (shape, element_strides, dtype, index, min(ptr & -ptr, 256) if ptr else 256)  # as DeviceArray.meta

@@ -150,6 +150,57 @@ def ops_with_equal_arguments_keep_their_own_bindings() -> None:
             f"{op.__name__} ran {binding.op.name}'s binding"
 
 
+def _fake_torch():
+    """A stand-in for torch: a Tensor type from a module named torch, with the accessors the
+    op path reads, over fake device memory (CUDA) or a NumPy array (CPU)."""
+    import types
+
+    torch = types.ModuleType("torch")
+    torch.float32 = "torch.float32"
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda index: STREAM.ptr)
+    sys.modules["torch"] = torch
+
+    class Tensor:
+        def __init__(self, host: np.ndarray, on_device: bool) -> None:
+            self.host, self.dtype, self.shape = host, torch.float32, host.shape
+            self.device_array = ptxattn.asarray(host) if on_device else None
+            self.is_cuda = on_device
+
+        def get_device(self):
+            return 0 if self.is_cuda else -1
+
+        def data_ptr(self):
+            return self.device_array.ptr if self.is_cuda else self.host.ctypes.data
+
+        def stride(self):
+            return tuple(s // 4 for s in self.host.strides)
+
+        def __array__(self, dtype=None, copy=None):
+            return self.host
+
+    Tensor.__module__ = "torch"
+    return Tensor
+
+
+def torch_tensors_are_classified_where_they_live() -> None:
+    """CUDA tensors run on the device (taken as such without asking each); CPU ones take the
+    NumPy path, alone or beside NumPy arrays; a CPU one among CUDA ones is named."""
+    Tensor = _fake_torch()
+    host = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    on_device = ptxattn.softmax(Tensor(host, True), stream=STREAM)
+    assert isinstance(on_device, ptxattn.DeviceArray) and on_device.shape == host.shape
+    on_host = ptxattn.softmax(Tensor(host, False))
+    assert isinstance(on_host, np.ndarray) and on_host.shape == host.shape
+    mixed_host = ptxattn.softmax(Tensor(host, False), out=np.empty_like(host))
+    assert isinstance(mixed_host, np.ndarray)
+    try:
+        ptxattn.softmax(Tensor(host, True), out=Tensor(host, False), stream=STREAM)
+    except TypeError as exc:
+        assert "x on the device but out on the host" in str(exc), exc
+    else:
+        raise AssertionError("a CPU tensor beside a CUDA one was accepted")
+
+
 def cache_stays_bounded() -> None:
     prepared.clear_bindings()
     for n in range(prepared.CACHE_ENTRIES + 40):

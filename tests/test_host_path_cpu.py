@@ -12,6 +12,7 @@ import pytest
 
 CHECKS = ["no_stale_pointers", "prepared_rebinds_only_what_it_is_given", "options_are_keyed_with_their_types",
           "ops_with_equal_arguments_keep_their_own_bindings",
+          "torch_tensors_are_classified_where_they_live",
           "cache_stays_bounded", "numpy_calls_round_trip", "threads_launch_their_own_pointers"]
 
 

@@ -29,7 +29,7 @@ from ..context import default_device, on_device
 from ..device import Device
 from ..driver import CudaUnavailableError, call, cu, hot
 from ..faults import check_faults
-from ..interop import import_device_array, order_after_producers, producer_streams
+from ..interop import NotOnDevice, import_device_array, order_after_producers, producer_streams
 from ..memory import CaptureAllocationError, DeviceBuffer, stream_workspace
 from ..module import ParamStruct, get_kernel, launch_error
 from ..stream import Stream, as_stream
@@ -227,14 +227,15 @@ class Op:
         return dict(zip(self.arrays, arrays))
 
     # ---- classifying the arguments -------------------------------------------------------------
-    def _device_arrays(self, args, stream: Stream):
-        """(arrays as DeviceArrays or None, on_host) after refusing a host/device mix."""
+    def _device_arrays(self, args, stream: Stream, strict: bool = False):
+        """(arrays as DeviceArrays or None, on_host) after refusing a host/device mix. Torch
+        tensors are taken to be CUDA ones until a CPU one shows (then `strict` asks each)."""
         arrays = list(args)
         foreign = host = None
         for i, a in enumerate(args):
             if a is None or type(a) is DeviceArray:
                 continue
-            kind = array_kind(a)
+            kind = array_kind(a, tensors_on_device=not strict)
             if kind == "host":
                 if not isinstance(a, np.ndarray) and np.asarray(a).dtype.kind in "OSUV":
                     raise TypeError(f"{self.name}: {self.arrays[i]} must be an array (NumPy or on the device), "
@@ -244,6 +245,8 @@ class Op:
             elif kind != "ptxattn":
                 foreign = foreign or []
                 foreign.append((i, kind))
+        if host and not strict and any(kind == "torch" for _, kind in foreign or ()):
+            return self._device_arrays(args, stream, strict=True)
         if host:
             device_side = [self.arrays[i] for i, a in enumerate(args) if a is not None and i not in host]
             if device_side:
@@ -257,6 +260,8 @@ class Op:
             for i, kind in foreign:
                 try:
                     arrays[i] = import_device_array(args[i], kind, stream, producers)
+                except NotOnDevice:
+                    return self._device_arrays(args, stream, strict=True)
                 except TypeError as exc:
                     raise TypeError(f"{self.name}: {self.arrays[i]}: {exc}") from None
             producers = producer_streams(producers) if producers and not capturing else set()
