@@ -13,7 +13,7 @@ from ptxattn import array
 from ptxattn.device import Device
 
 FAKE_DEVICE = Device(0, "fake", (9, 0), 132, 1 << 30, 227 << 10, 50 << 20)
-SUPPORTED = "expected one of float16, bfloat16, float32, int32, int64, bool, uint8"
+SUPPORTED = "expected one of float16, bfloat16, float32, int32, int64, bool, uint8, float8_e4m3fn, float8_e5m2"
 
 
 @pytest.fixture
