@@ -31,6 +31,18 @@
 // f32 operands run on the same bf16 tensor-core path, each value split into three bf16 terms
 // (hi + mid + lo carries 24 mantissa bits) and the six significant cross products summed in
 // fp32: fp32-level accuracy without a second code path.
+//
+// fp8 caches (decode_split_<dt>_<e4m3|e5m2>_d<D>): K/V stream as bytes and become f16 in
+// registers, exactly (every e4m3 and e5m2 value is an f16 value; one cvt a pair on sm_89+,
+// one byte move for e5m2), and both products run on the f16 tensor cores. bf16 queries are
+// scaled by a power of two per row into f16's range once per CTA (q_tile_for_fp8), the
+// scores unscaled in fp32. A per-(token, kv head) K scale multiplies a key's score in fp32; a
+// per-token V scale multiplies its probability, and P V runs on p * v_scale / R, R the running
+// row maximum of p * v_scale, so the f16 operand stays in [0, 1] whatever the scales (O is
+// kept in units of R, as it is kept in units of the running max). Per-tensor scales are folded
+// into `scale` (K) and `v_scale` (V) on the host. The bytes are read with the 16-bit
+// ldmatrix, so a lane receives four consecutive bytes of a key: the queries are permuted once
+// per CTA to match, and O's columns come out permuted (undone at the end-of-CTA merge).
 #include "attention_common.cuh"
 #include "mma.cuh"
 
@@ -49,12 +61,16 @@ struct DecodeParams {
   float* lse_out;       // one split: the final lse, or null when not wanted
   const float* sinks;   // one split: [Hq] or null
   int* fault;
+  const float* k_scales;  // fp8 caches: per-(token, kv head) scales addressed like the cache, or null
+  const float* v_scales;
   long long q_stride_b, q_stride_h, q_stride_s;
   long long k_stride_page, k_stride_head, k_stride_tok;
   long long v_stride_page, v_stride_head, v_stride_tok;
   long long block_table_stride;  // elements between two batch rows of block_table
   long long o_out_stride_b, o_out_stride_h, o_out_stride_s;
   long long lse_out_stride_b, lse_out_stride_h, lse_out_stride_s;
+  long long k_scale_stride_page, k_scale_stride_head, k_scale_stride_tok;
+  long long v_scale_stride_page, v_scale_stride_head, v_scale_stride_tok;
   int hq, hkv, sq, dqk, dv;
   int capacity;        // keys a row can hold
   int num_pages;       // pages in the pool (paged only)
@@ -64,8 +80,9 @@ struct DecodeParams {
   int warps_m;         // 1, 2 or 4 warps along the rows (a warp group)
   int stages;          // depth of each group's K/V cp.async ring: 2, 3 or 4
   int window_left;     // kUnboundedWindow when unbounded
-  float scale;
+  float scale;     // times the per-tensor K scale of an fp8 cache
   float softcap;
+  float v_scale;   // the per-tensor V scale of an fp8 cache, else 1
 };
 
 constexpr int kThreads = 128;
@@ -83,6 +100,43 @@ struct Config {
   static_assert(kThreads % kChunksPerRow == 0, "query loader mapping");
 };
 
+// ---- fp8 cache elements ---------------------------------------------------------------------
+// The bytes of an fp8 cache; only fp8_pair_to_f16 reads their meaning.
+struct fp8_e4m3 { unsigned char bits; };
+struct fp8_e5m2 { unsigned char bits; };
+template <class KV> constexpr bool kIsFp8 = false;
+template <> constexpr bool kIsFp8<fp8_e4m3> = true;
+template <> constexpr bool kIsFp8<fp8_e5m2> = true;
+template <class A, class B> constexpr bool kSame = false;
+template <class A> constexpr bool kSame<A, A> = true;
+
+// Two fp8 values of x, the bytes `selector` (a __byte_perm selector) moves to bits 8..15 and
+// 24..31, as a packed f16 pair (exact). An e5m2 byte is the top byte of its f16. e4m3 goes
+// through the hardware conversion on sm_89+; before it, the exponent and mantissa shift under
+// the sign into f16's low exponent and high mantissa bits and one multiply by 2^8 (15 - 7)
+// fixes the exponent (subnormals included: the multiply keeps them), which reads e4m3fn's NaN
+// (0x7f) as 480.
+template <class KV>
+__device__ __forceinline__ unsigned fp8_pair_to_f16(unsigned x, unsigned selector) {
+  unsigned out;
+  if constexpr (kSame<KV, fp8_e5m2>) {
+    out = __byte_perm(x, 0u, selector);
+  } else {
+#if __CUDA_ARCH__ >= 890
+    // The same two bytes as the low half, first one lowest: selector nibbles 1 and 3.
+    const unsigned pair = __byte_perm(x, 0u, 0x4400u | ((selector >> 4) & 0xfu) | ((selector >> 8) & 0xf0u));
+    asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(out) : "r"(pair));
+#else
+    const unsigned w = __byte_perm(x, 0u, selector);
+    const unsigned bits = (w & 0x80008000u) | ((w >> 1) & 0x3f803f80u);
+    asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(out) : "r"(bits), "r"(0x5c005c00u), "r"(0x80008000u));
+#endif
+  }
+  return out;
+}
+// __byte_perm selectors: bytes (0, 1), (2, 3), (0, 2), (1, 3) of a register.
+constexpr unsigned kBytes01 = 0x1404u, kBytes23 = 0x3424u, kBytes02 = 0x2404u, kBytes13 = 0x3414u;
+
 // Shared-memory tiles are row-major with 16-byte chunks XOR-swizzled by row (mma.cuh).
 template <class T, int D_TILE>
 __device__ __forceinline__ int tile_offset(int row, int col) {
@@ -97,6 +151,10 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 __device__ __forceinline__ int slice_offset(int x, int ks) {
   return ((2 * ks) & ~7) * 8 + (((2 * ks) & 7) ^ x) * 8;
 }
+
+// Byte offset in an fp8 row of chunk c + h (c even; h = lane >> 4, in f8_x with the row's XOR):
+// as in slice_offset, one XOR with a constant per c.
+__device__ __forceinline__ int fp8_chunk_offset(int x, int c) { return ((c & ~7) | ((c & 7) ^ x)) << 4; }
 
 // ---- mma operands -------------------------------------------------------------------------
 // Operand<T>::kTerms: how many bf16/f16 terms carry one value of T. Fragments are arrays of
@@ -145,6 +203,7 @@ struct Lane {
   int a_row, a_x;  // A = Q
   int k_row, k_x;  // B = K (keys along n)
   int v_row, v_x;  // B = V (transposed load)
+  int f8_row, f8_x;  // fp8 K and V: keys 0..7 / 8..15 (lanes 8..15, 24..31), chunk + 1 (lanes 16..31)
 };
 
 __device__ __forceinline__ Lane make_lane(int lane) {
@@ -153,6 +212,7 @@ __device__ __forceinline__ Lane make_lane(int lane) {
   ln.a_row = lane & 15, ln.a_x = (lane >> 4) ^ (lane & 7);
   ln.k_row = (lane & 7) + 8 * (lane >> 4), ln.k_x = ((lane >> 3) & 1) ^ (lane & 7);
   ln.v_row = (lane & 7) + 8 * ((lane >> 3) & 1), ln.v_x = (lane >> 4) ^ (lane & 7);
+  ln.f8_row = ln.v_row, ln.f8_x = ln.v_x;
   return ln;
 }
 
@@ -233,22 +293,114 @@ __device__ __forceinline__ FragA<T> scores_as_a(const float (&p)[2][4]) {
   return a;
 }
 
+// fp8 B operands, two 16-wide slices (chunks c, c + 1) per ldmatrix. K: lane (g, t) gets bytes
+// 4t .. 4t + 3 of key g's chunk, so the mma's k index 2t + j is d 4t + j and 2t + 8 + j is
+// d 4t + 2 + j (q_tile_for_fp8 permutes the queries alike). b[h][n]: slice c + h, keys 8n ..
+// 8n + 8.
+template <class KV, int D_TILE>
+__device__ __forceinline__ void load_b_keys_fp8(const unsigned char* block, int c, const Lane& ln,
+                                                FragB<__half> (&b)[2][2]) {
+  unsigned r[4];
+  ldmatrix_x4(r, smem_u32(block + ln.f8_row * D_TILE + fp8_chunk_offset(ln.f8_x, c)));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // r[i]: slice c + i / 2, keys 8 (i % 2) ..
+    b[i / 2][i % 2].r[0][0] = fp8_pair_to_f16<KV>(r[i], kBytes01);
+    b[i / 2][i % 2].r[0][1] = fp8_pair_to_f16<KV>(r[i], kBytes23);
+  }
+}
+
+// V: the transposed 16-bit load gives lane (g, t) keys 2t, 2t + 1 of columns 2g, 2g + 1 (one
+// byte pair each), so one register feeds two n-tiles: even columns (d = 16 c + 2g) and odd
+// ones (d = 16 c + 2g + 1). b[h][0] / b[h][1]: the even / odd n-tile of slice c + h; O's
+// accumulator n-tiles 2 (c + h) and 2 (c + h) + 1 hold them.
+template <class KV, int D_TILE>
+__device__ __forceinline__ void load_b_values_fp8(const unsigned char* block, int c, const Lane& ln,
+                                                  FragB<__half> (&b)[2][2]) {
+  unsigned r[4];
+  ldmatrix_x4_trans(r, smem_u32(block + ln.f8_row * D_TILE + fp8_chunk_offset(ln.f8_x, c)));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // r[2h]: keys 0 .. 8 of slice c + h, r[2h + 1]: keys 8 .. 16
+    b[h][0].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes02);
+    b[h][0].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes02);
+    b[h][1].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes13);
+    b[h][1].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes13);
+  }
+}
+
+// The power of two 2^k that brings a query row of largest magnitude amax just under 2^15 (f16's
+// largest finite is 65504): 1 for a zero or non-finite amax. Exact both ways (|k| <= 126).
+__device__ __forceinline__ float f16_row_factor(float amax, bool inverse) {
+  int e;
+  frexpf(amax, &e);  // amax < 2^e
+  const int k = amax > 0.f && isfinite(amax) ? min(max(15 - e, -126), 126) : 0;
+  return __int_as_float((127 + (inverse ? -k : k)) << 23);
+}
+
+// The CTA's query tile, rewritten in place for the fp8 kernels: each row times its
+// f16_row_factor, as f16 (exact for f16 queries and for bf16 ones down to 2^-24 of the row's
+// largest), each 16-wide slice in the order load_b_keys_fp8 gives d: position 2t + j <- d
+// 4t + j and 8 + 2t + j <- d 4t + 2 + j. row_amax [rows] receives each row's largest
+// magnitude. Each thread rewrites only the two chunks it read.
+template <class T, int D_TILE>
+__device__ __forceinline__ void q_tile_for_fp8(T* q_tile, float* row_amax, int rows) {
+  constexpr int kSlices = D_TILE / 16;
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    float amax = 0.f;
+    for (int col = 0; col < D_TILE; col += 8) {
+      __align__(16) T x[8];
+      *reinterpret_cast<uint4*>(x) = *reinterpret_cast<const uint4*>(q_tile + tile_offset<T, D_TILE>(r, col));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(to_float(x[i])));
+    }
+    row_amax[r] = amax;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < rows * kSlices; i += kThreads) {
+    const int r = i / kSlices, col = 16 * (i % kSlices);
+    const float factor = f16_row_factor(row_amax[r], false);
+    uint4* chunk[2] = {reinterpret_cast<uint4*>(q_tile + tile_offset<T, D_TILE>(r, col)),
+                       reinterpret_cast<uint4*>(q_tile + tile_offset<T, D_TILE>(r, col + 8))};
+    __align__(16) T x[16];
+    *reinterpret_cast<uint4*>(x) = *chunk[0];
+    *reinterpret_cast<uint4*>(x + 8) = *chunk[1];
+    unsigned out[8];
+#pragma unroll
+    for (int pos = 0; pos < 16; pos += 2) {  // positions pos, pos + 1 <- d, d + 1
+      const int d = pos < 8 ? 2 * pos : 2 * (pos - 8) + 2;
+      out[pos / 2] = pack2<__half>(to_float(x[d]) * factor, to_float(x[d + 1]) * factor);
+    }
+    *chunk[0] = make_uint4(out[0], out[1], out[2], out[3]);
+    *chunk[1] = make_uint4(out[4], out[5], out[6], out[7]);
+  }
+}
+
 // ---- moving keys and queries into shared memory ---------------------------------------------
+// A ring stage: the K block, the V block and, for fp8 caches, the block's 16 K then 16 V scales.
+template <class KV, int D_TILE>
+struct Stage {
+  static constexpr int kBlockBytes = Config<KV, D_TILE>::kBlockElems * int(sizeof(KV));
+  static constexpr int kScaleBytes = kIsFp8<KV> ? 2 * kBlockKeys * 4 : 0;
+  static constexpr int kBytes = 2 * kBlockBytes + kScaleBytes;
+};
+
 // One warp copies one block (kBlockKeys keys of K and V) into a ring stage. Lane l copies the
 // 16-byte column chunk l % chunks_per_row of kRowsPerLane consecutive rows, so the lane's rows
 // lie in one page whenever pages hold at least kRowsPerLane keys: one block_table lookup per
 // block, and a steady state with no per-row predicate. Keys at or past key_end, and keys whose
 // page id lies outside the pool (reported), become zeros. Columns at or past Dqk / Dv are never
-// written here (zero_padding cleared them once).
-template <class T, int D_TILE>
+// written here (zero_padding cleared them once). Per-(token, head) fp8 scales: lane l copies
+// key l % 16's K (l < 16) or V scale, zero at or past key_end or on a bad page.
+template <class KV, int D_TILE>
 struct BlockLoader {
-  using C = Config<T, D_TILE>;
+  using C = Config<KV, D_TILE>;
   static constexpr int kRows = C::kRowsPerLane;
-  static constexpr int kRowBytes = D_TILE * int(sizeof(T));
-  static constexpr int kBlockBytes = C::kBlockElems * int(sizeof(T));
+  static constexpr int kRowBytes = D_TILE * int(sizeof(KV));
+  static constexpr int kBlockBytes = Stage<KV, D_TILE>::kBlockBytes;
   const char* k;     // this lane's column in kv head kvh (and batch row b, when contiguous)
   const char* v;
   const int* table;  // row b of the block table, or null for a contiguous cache
+  const float* scale;  // fp8: this lane's scale array (K or V) at (batch row b, kv head kvh), or null
+  long long scale_tok, scale_page;  // its strides in elements
   long long k_tok, v_tok, k_page, v_page;  // strides in bytes
   int row0;          // first of this lane's rows in a block
   int dst0;          // byte offset of row row0, chunk x, in a stage
@@ -262,12 +414,23 @@ struct BlockLoader {
     dst0 = row0 * kRowBytes;
     table = p.block_table == nullptr ? nullptr : p.block_table + b * p.block_table_stride;
     const long long page = table == nullptr ? b : 0;  // paged: the page comes per block
-    const T* k_col = static_cast<const T*>(p.k) + page * p.k_stride_page + kvh * p.k_stride_head + col;
-    const T* v_col = static_cast<const T*>(p.v) + page * p.v_stride_page + kvh * p.v_stride_head + col;
+    const KV* k_col = static_cast<const KV*>(p.k) + page * p.k_stride_page + kvh * p.k_stride_head + col;
+    const KV* v_col = static_cast<const KV*>(p.v) + page * p.v_stride_page + kvh * p.v_stride_head + col;
     k = reinterpret_cast<const char*>(k_col), v = reinterpret_cast<const char*>(v_col);
-    k_tok = p.k_stride_tok * int(sizeof(T)), v_tok = p.v_stride_tok * int(sizeof(T));
-    k_page = p.k_stride_page * int(sizeof(T)), v_page = p.v_stride_page * int(sizeof(T));
+    k_tok = p.k_stride_tok * int(sizeof(KV)), v_tok = p.v_stride_tok * int(sizeof(KV));
+    k_page = p.k_stride_page * int(sizeof(KV)), v_page = p.v_stride_page * int(sizeof(KV));
     k_read = col < p.dqk, v_read = col < p.dv;
+    scale = nullptr, scale_tok = scale_page = 0;
+    if constexpr (kIsFp8<KV>) {
+      const bool is_v = lane >= kBlockKeys;
+      scale = is_v ? p.v_scales : p.k_scales;
+      if (scale != nullptr) {
+        scale += page * (is_v ? p.v_scale_stride_page : p.k_scale_stride_page) +
+                 kvh * (is_v ? p.v_scale_stride_head : p.k_scale_stride_head);
+        scale_tok = is_v ? p.v_scale_stride_tok : p.k_scale_stride_tok;
+        scale_page = is_v ? p.v_scale_stride_page : p.k_scale_stride_page;
+      }
+    }
   }
 
   // Byte offset of this lane's chunk of row row0 + i in a stage (row0 is a multiple of kRows,
@@ -292,10 +455,29 @@ struct BlockLoader {
     return true;
   }
 
+  // Scale of key `key` (this lane's kind) into dst; zero past key_end or on a bad page.
+  __device__ __forceinline__ void load_scale(const DecodeParams& p, int key, int key_end, float* dst) const {
+    long long off = key * scale_tok;
+    bool read = key < key_end;
+    if (read && table != nullptr) {
+      const int id = table[key >> p.page_size_log2];  // a bad id is reported by the K/V rows
+      read = id >= 0 && id < p.num_pages;
+      off = id * scale_page + (key & ((1 << p.page_size_log2) - 1)) * scale_tok;
+    }
+    cp_async_4_or_zero(dst, read ? scale + off : scale, read);
+  }
+
   // The block of keys key0 .. key0 + kBlockKeys (key0 a multiple of kBlockKeys) into stage.
-  __device__ __forceinline__ void load(const DecodeParams& p, int b, int key0, int key_end, T* stage) const {
+  __device__ __forceinline__ void load(const DecodeParams& p, int b, int key0, int key_end,
+                                       unsigned char* stage) const {
     char* k_stage = reinterpret_cast<char*>(stage);
     char* v_stage = k_stage + kBlockBytes;
+    if constexpr (kIsFp8<KV>) {
+      if (scale != nullptr) {
+        const int lane = threadIdx.x % 32;
+        load_scale(p, key0 + lane % kBlockKeys, key_end, reinterpret_cast<float*>(stage + 2 * kBlockBytes) + lane);
+      }
+    }
     const int first = key0 + row0;
     const int live = key_end - first;  // rows of this lane inside the live length
     long long k_off = 0, v_off = 0;
@@ -350,16 +532,18 @@ __device__ __forceinline__ void load_q(const DecodeParams& p, int b, int kvh, in
 
 // Zeros in the columns at or past Dqk (K tiles) and Dv (V tiles) of every ring stage, which
 // the block loader never writes: the mma then runs over the whole tile with no guard.
-template <class T, int D_TILE>
-__device__ __forceinline__ void zero_padding(const DecodeParams& p, T* rings, int stages_total) {
-  using C = Config<T, D_TILE>;
+template <class KV, int D_TILE>
+__device__ __forceinline__ void zero_padding(const DecodeParams& p, unsigned char* rings, int stages_total) {
+  using C = Config<KV, D_TILE>;
+  using S = Stage<KV, D_TILE>;
   const int chunks = stages_total * 2 * kBlockKeys * C::kChunksPerRow;
   for (int i = threadIdx.x; i < chunks; i += kThreads) {
     const int chunk = i % C::kChunksPerRow, row = i / C::kChunksPerRow % kBlockKeys;
     const int tile = i / (C::kChunksPerRow * kBlockKeys);  // even: K, odd: V
-    if (chunk * C::kChunk >= (tile % 2 ? p.dv : p.dqk))
-      *reinterpret_cast<uint4*>(rings + tile * C::kBlockElems + tile_offset<T, D_TILE>(row, chunk * C::kChunk)) =
-          make_uint4(0, 0, 0, 0);
+    if (chunk * C::kChunk >= (tile % 2 ? p.dv : p.dqk)) {
+      KV* block = reinterpret_cast<KV*>(rings + tile / 2 * S::kBytes + tile % 2 * S::kBlockBytes);
+      *reinterpret_cast<uint4*>(block + tile_offset<KV, D_TILE>(row, chunk * C::kChunk)) = make_uint4(0, 0, 0, 0);
+    }
   }
 }
 
@@ -370,6 +554,7 @@ struct WarpState {
   float o[D_TILE / 8][4];  // unnormalised P V, accumulator layout (n-tile of 8 d per entry)
   float m[2];              // running max, base-2 scaled scores
   float l[2];              // this lane's part of the running sum
+  float r[2];              // fp8 with per-token V scales: o is in units of r (attend_block_fp8)
 };
 
 // Visible keys [lo, hi) of this lane's rows g and g + 8, and the keys every row of the warp
@@ -380,6 +565,67 @@ struct RowKeys {
 };
 
 __device__ __forceinline__ float exp2_minus(float x, float row_max) { return exp2_ftz(x - exp_subtrahend(row_max)); }
+
+// O times factor[r] in rows g + 8r, unless every factor of the warp is 1 (after the first keys
+// a row's max rarely moves).
+template <int D_TILE>
+__device__ __forceinline__ void rescale_o(WarpState<D_TILE>& st, const float (&factor)[2]) {
+  if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) {
+#pragma unroll
+    for (int n = 0; n < D_TILE / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) st.o[n][i] *= factor[i / 2];
+  }
+}
+
+// The online softmax over one block's scores s (raw q.k, accumulator layout): scale (row r of
+// the lane by row_scale[r]) and cap to base-2 logits, mask, update the running max and sum.
+// s becomes P; corrections[r] is what the old P's of row r were multiplied by.
+template <int D_TILE>
+__device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[2][4], int key0, const RowKeys& keys,
+                                              const Lane& ln, WarpState<D_TILE>& st, const float (&row_scale)[2],
+                                              float (&corrections)[2]) {
+  // Scale and cap to base-2 logits (a warp-uniform branch keeps tanh off the common path).
+  if (p.softcap > 0.f) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      s[i / 4][i % 4] = apply_softcap(s[i / 4][i % 4] * row_scale[(i % 4) / 2], p.softcap) * kLog2e;
+  } else {
+    const float scale_log2[2] = {row_scale[0] * kLog2e, row_scale[1] * kLog2e};
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i / 4][i % 4] *= scale_log2[(i % 4) / 2];
+  }
+
+  // Mask only blocks that cross some row's window edge or live end (warp-uniform test).
+  if (key0 < keys.full_lo || key0 + kBlockKeys > keys.full_hi) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int n = i / 4, r = (i % 4) / 2, key = key0 + 8 * n + 2 * ln.t + i % 2;
+      if (!(key >= keys.lo[r] && key < keys.hi[r])) s[n][i % 4] = neg_inf();
+    }
+  }
+
+  // The online softmax update, one row (g or g + 8) at a time.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float row_max = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
+    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
+    const float m_new = fmaxf(st.m[r], row_max);
+    const float correction = exp2_minus(st.m[r], m_new);
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        s[n][2 * r + c] = exp2_minus(s[n][2 * r + c], m_new);
+        sum += s[n][2 * r + c];
+      }
+    st.l[r] = st.l[r] * correction + sum;
+    st.m[r] = m_new;
+    corrections[r] = correction;
+  }
+}
 
 template <class T, int D_TILE>
 __device__ __forceinline__ void attend_block(const DecodeParams& p, const T* q_tile, const T* k_block,
@@ -400,53 +646,10 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const T* q_t
 #pragma unroll
   for (int i = 0; i < 8; ++i) s[i / 4][i % 4] += s_odd[i / 4][i % 4];
 
-  // Scale and cap to base-2 logits (a warp-uniform branch keeps tanh off the common path).
-  if (p.softcap > 0.f) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i / 4][i % 4] = apply_softcap(s[i / 4][i % 4] * p.scale, p.softcap) * kLog2e;
-  } else {
-    const float scale_log2 = p.scale * kLog2e;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) s[i / 4][i % 4] *= scale_log2;
-  }
-
-  // Mask only blocks that cross some row's window edge or live end (warp-uniform test).
-  if (key0 < keys.full_lo || key0 + kBlockKeys > keys.full_hi) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int n = i / 4, r = (i % 4) / 2, key = key0 + 8 * n + 2 * ln.t + i % 2;
-      if (!(key >= keys.lo[r] && key < keys.hi[r])) s[n][i % 4] = neg_inf();
-    }
-  }
-
-  // The online softmax update, one row (g or g + 8) at a time.
+  const float row_scale[2] = {p.scale, p.scale};
   float corrections[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float row_max = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
-    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-    const float m_new = fmaxf(st.m[r], row_max);
-    const float correction = exp2_minus(st.m[r], m_new);
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        s[n][2 * r + c] = exp2_minus(s[n][2 * r + c], m_new);
-        sum += s[n][2 * r + c];
-      }
-    st.l[r] = st.l[r] * correction + sum;
-    st.m[r] = m_new;
-    corrections[r] = correction;
-  }
-  // Rescale O only when some row's max moved (after the first keys it rarely does).
-  if (__any_sync(0xffffffffu, corrections[0] != 1.f || corrections[1] != 1.f)) {
-#pragma unroll
-    for (int n = 0; n < D_TILE / 8; ++n)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) st.o[n][i] *= corrections[i / 2];
-  }
+  softmax_block<D_TILE>(p, s, key0, keys, ln, st, row_scale, corrections);
+  rescale_o(st, corrections);
 
   const FragA<T> pa = scores_as_a<T>(s);
 #pragma unroll
@@ -455,6 +658,79 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const T* q_t
     load_b_values<T, D_TILE>(v_block, j, ln, b);
     mma<T>(st.o[2 * j], pa, b[0]);
     mma<T>(st.o[2 * j + 1], pa, b[1]);
+  }
+}
+
+// s[n][i] (keys 8n + 2t + i % 2) times the block's scales of those keys.
+__device__ __forceinline__ void scale_by_key(float (&s)[2][4], const float* scales, const Lane& ln) {
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    const float2 x = *reinterpret_cast<const float2*>(scales + 8 * n + 2 * ln.t);
+    s[n][0] *= x.x, s[n][1] *= x.y, s[n][2] *= x.x, s[n][3] *= x.y;
+  }
+}
+
+// attend_block for an fp8 stage (K bytes, V bytes, scales) against the f16 query tile that
+// q_tile_for_fp8 made; row_scale: the softmax scale over each lane row's query factor.
+template <class KV, int D_TILE>
+__device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const __half* q_tile,
+                                                 const unsigned char* stage, int q_row0, int key0,
+                                                 const RowKeys& keys, const Lane& ln, WarpState<D_TILE>& st,
+                                                 const float (&row_scale)[2]) {
+  using S = Stage<KV, D_TILE>;
+  const float* scales = reinterpret_cast<const float*>(stage + 2 * S::kBlockBytes);
+  float s[2][4] = {}, s_odd[2][4] = {};
+#pragma unroll
+  for (int c = 0; c < D_TILE / 16; c += 2) {
+    FragB<__half> b[2][2];
+    load_b_keys_fp8<KV, D_TILE>(stage, c, ln, b);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const FragA<__half> a = load_a<__half, D_TILE>(q_tile, q_row0, c + h, ln);
+      float (&acc)[2][4] = h ? s_odd : s;
+      mma<__half>(acc[0], a, b[h][0]);
+      mma<__half>(acc[1], a, b[h][1]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) s[i / 4][i % 4] += s_odd[i / 4][i % 4];
+  if (p.k_scales != nullptr) scale_by_key(s, scales, ln);
+
+  float corrections[2];
+  softmax_block<D_TILE>(p, s, key0, keys, ln, st, row_scale, corrections);
+  if (p.v_scales == nullptr) {
+    rescale_o(st, corrections);
+  } else {
+    // P times the keys' V scales (after the sum: l counts P itself), over the running row
+    // maximum r of those products: O is kept in units of r, and the f16 operand in [0, 1].
+    scale_by_key(s, scales + kBlockKeys, ln);
+    float factor[2], inv[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float top = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+      const float r_old = st.r[r] * corrections[r];  // o's unit after this block's new max
+      const float r_new = fmaxf(r_old, top);
+      inv[r] = r_new > 0.f ? 1.f / r_new : 0.f;
+      factor[r] = r_new == r_old ? 1.f : r_old * inv[r];
+      st.r[r] = r_new;
+    }
+    rescale_o(st, factor);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) s[i / 4][i % 4] *= inv[(i % 4) / 2];
+  }
+
+  const FragA<__half> pa = scores_as_a<__half>(s);
+#pragma unroll
+  for (int c = 0; c < D_TILE / 16; c += 2) {
+    FragB<__half> b[2][2];
+    load_b_values_fp8<KV, D_TILE>(stage + S::kBlockBytes, c, ln, b);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mma<__half>(st.o[2 * (c + h)], pa, b[h][0]);
+      mma<__half>(st.o[2 * (c + h) + 1], pa, b[h][1]);
+    }
   }
 }
 
@@ -471,9 +747,13 @@ __device__ __forceinline__ void group_sync(int warps) {
   }
 }
 
-// Wait until at most `pending` (0..3) of this thread's cp.async groups are in flight.
+// Wait until at most `pending` (0..7) of this thread's cp.async groups are in flight.
 __device__ __forceinline__ void cp_async_wait_pending(int pending) {
-  if (pending >= 3) cp_async_wait<3>();
+  if (pending >= 7) cp_async_wait<7>();
+  else if (pending == 6) cp_async_wait<6>();
+  else if (pending == 5) cp_async_wait<5>();
+  else if (pending == 4) cp_async_wait<4>();
+  else if (pending == 3) cp_async_wait<3>();
   else if (pending == 2) cp_async_wait<2>();
   else if (pending == 1) cp_async_wait<1>();
   else cp_async_wait<0>();
@@ -526,9 +806,9 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int b, int kvh,
 template <int D_TILE>
 constexpr int kPartStride = D_TILE + 8;
 
-template <class T, int D_TILE>
+template <class T, class KV, int D_TILE>
 __device__ __forceinline__ void decode_split(const DecodeParams& p) {
-  using C = Config<T, D_TILE>;
+  using S = Stage<KV, D_TILE>;
   extern __shared__ __align__(128) unsigned char smem[];
 
   // Split slowest: a grid of more than one wave (many rows, or the benchmarks' override)
@@ -571,8 +851,10 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   const int iterations = warps_m == 1 ? num_blocks : (key_end - begin + group_step - 1) / group_step;
 
   T* q_tile = reinterpret_cast<T*>(smem);
-  T* rings = q_tile + cta_rows * D_TILE;
-  T* ring = rings + wk * p.stages * 2 * C::kBlockElems;  // stage s: K block, then V block
+  // fp8: each query row's largest magnitude (q_tile_for_fp8) between the tile and the rings.
+  float* row_amax = reinterpret_cast<float*>(smem + cta_rows * D_TILE * int(sizeof(T)));
+  unsigned char* rings = reinterpret_cast<unsigned char*>(row_amax + (kIsFp8<KV> ? cta_rows : 0));
+  unsigned char* ring = rings + wk * p.stages * S::kBytes;
 
   // Per-lane rows g and g + 8: their visible keys [lo, hi), hi capped at this split's end.
   // Rows past the group never force a mask (their zero queries give finite scores).
@@ -596,34 +878,53 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   for (int n = 0; n < D_TILE / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
   st.m[0] = st.m[1] = neg_inf();
   st.l[0] = st.l[1] = 0.f;
+  st.r[0] = st.r[1] = 0.f;
 
   // Queries and padding first, then the first stages - 1 blocks of each group (block n is
   // copied by warp n % warps_m of the group, so every thread commits one group per block).
   load_q<T, D_TILE>(p, b, kvh, row0, cta_rows, q_tile);
   cp_async_commit();
-  if (p.dqk < D_TILE || p.dv < D_TILE) zero_padding<T, D_TILE>(p, rings, groups * p.stages);
-  const BlockLoader<T, D_TILE> loader(p, b, kvh, ln.lane);
+  if (p.dqk < D_TILE || p.dv < D_TILE) zero_padding<KV, D_TILE>(p, rings, groups * p.stages);
+  const BlockLoader<KV, D_TILE> loader(p, b, kvh, ln.lane);
   for (int n = 0; n < p.stages - 1; ++n) {
     if (n < num_blocks && (n & (warps_m - 1)) == wm)
-      loader.load(p, b, group_begin + n * group_step, key_end, ring + n * 2 * C::kBlockElems);
+      loader.load(p, b, group_begin + n * group_step, key_end, ring + n * S::kBytes);
     cp_async_commit();
   }
   cp_async_wait_pending(p.stages - 1);  // the queries have landed (the blocks need not have)
   __syncthreads();
+  if constexpr (kIsFp8<KV>) {
+    q_tile_for_fp8<T, D_TILE>(q_tile, row_amax, cta_rows);
+    __syncthreads();
+  }
+  // fp8: the softmax scale over each of this lane's rows' query factor (unused otherwise).
+  float row_scale[2] = {p.scale, p.scale};
+  if constexpr (kIsFp8<KV>) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) row_scale[r] = p.scale * f16_row_factor(row_amax[wm * 16 + ln.g + 8 * r], true);
+  }
 
   int read_stage = 0, write_stage = p.stages - 1;
   for (int n = 0; n < iterations; ++n) {
     group_sync(warps_m);  // every warp of the group is done with the stage written next
     const int next = n + p.stages - 1;
     if (next < num_blocks && (next & (warps_m - 1)) == wm)
-      loader.load(p, b, group_begin + next * group_step, key_end, ring + write_stage * 2 * C::kBlockElems);
+      loader.load(p, b, group_begin + next * group_step, key_end, ring + write_stage * S::kBytes);
     cp_async_commit();
     cp_async_wait_pending(p.stages - 1);
     group_sync(warps_m);  // block n has landed for every thread of the group
-    const T* k_block = ring + read_stage * 2 * C::kBlockElems;
-    if (n < num_blocks)
-      attend_block<T, D_TILE>(p, q_tile, k_block, k_block + C::kBlockElems, wm * 16, group_begin + n * group_step,
-                              keys, ln, st);
+    const unsigned char* stage = ring + read_stage * S::kBytes;
+    if (n < num_blocks) {
+      const int key0 = group_begin + n * group_step;
+      if constexpr (kIsFp8<KV>) {
+        attend_block_fp8<KV, D_TILE>(p, reinterpret_cast<const __half*>(q_tile), stage, wm * 16, key0, keys, ln, st,
+                                     row_scale);
+      } else {
+        const T* k_block = reinterpret_cast<const T*>(stage);
+        attend_block<T, D_TILE>(p, q_tile, k_block, k_block + Config<T, D_TILE>::kBlockElems, wm * 16, key0, keys,
+                                ln, st);
+      }
+    }
     read_stage = read_stage + 1 == p.stages ? 0 : read_stage + 1;
     write_stage = write_stage + 1 == p.stages ? 0 : write_stage + 1;
   }
@@ -644,13 +945,30 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   float* part_o = stat_l + kWarps * 16;  // [warp][16 rows][kStride]
   {
     float* my_o = part_o + warp * 16 * kStride;
+    if constexpr (kIsFp8<KV>) {
+      // n-tiles 2c / 2c + 1 hold the even / odd columns of slice c (load_b_values_fp8): this
+      // lane's d 16c + 4t .. + 3 are (even 2t, odd 2t, even 2t + 1, odd 2t + 1).
+      // With per-token V scales o is in units of r (attend_block_fp8).
+      const float unit[2] = {p.v_scales != nullptr ? st.r[0] : 1.f, p.v_scales != nullptr ? st.r[1] : 1.f};
 #pragma unroll
-    for (int n = 0; n < D_TILE / 8; ++n) {
-      if (n * 8 < p.dv) {
+      for (int c = 0; c < D_TILE / 16; ++c) {
+        if (c * 16 < p.dv) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<float2*>(my_o + (ln.g + 8 * h) * kStride + n * 8 + 2 * ln.t) =
-              make_float2(st.o[n][2 * h], st.o[n][2 * h + 1]);
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float4*>(my_o + (ln.g + 8 * h) * kStride + 16 * c + 4 * ln.t) =
+                make_float4(st.o[2 * c][2 * h] * unit[h], st.o[2 * c + 1][2 * h] * unit[h],
+                            st.o[2 * c][2 * h + 1] * unit[h], st.o[2 * c + 1][2 * h + 1] * unit[h]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int n = 0; n < D_TILE / 8; ++n) {
+        if (n * 8 < p.dv) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            *reinterpret_cast<float2*>(my_o + (ln.g + 8 * h) * kStride + n * 8 + 2 * ln.t) =
+                make_float2(st.o[n][2 * h], st.o[n][2 * h + 1]);
+        }
       }
     }
     if (ln.t == 0) {
@@ -688,7 +1006,10 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
           o.x += weight[j] * x.x, o.y += weight[j] * x.y, o.z += weight[j] * x.z, o.w += weight[j] * x.w;
         }
       }
-      if (l_all > 0.f) return make_float4(o.x / l_all, o.y / l_all, o.z / l_all, o.w / l_all);
+      if (l_all > 0.f) {
+        const float v = kIsFp8<KV> ? p.v_scale : 1.f;  // an fp8 cache's per-tensor V scale
+        return make_float4(o.x * v / l_all, o.y * v / l_all, o.z * v / l_all, o.w * v / l_all);
+      }
       return make_float4(0.f, 0.f, 0.f, 0.f);
     });
   }
@@ -697,10 +1018,10 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
 }  // namespace decode
 }  // namespace ptxattn
 
-#define PTXATTN_DECODE_VARIANT(NAME, T, D)                                           \
+#define PTXATTN_DECODE_VARIANT(NAME, T, KV, D)                                       \
   extern "C" __global__ void __launch_bounds__(ptxattn::decode::kThreads)            \
       NAME(const ptxattn::decode::DecodeParams p) {                                  \
-    ptxattn::decode::decode_split<T, D>(p);                                          \
+    ptxattn::decode::decode_split<T, KV, D>(p);                                      \
   }
 
 // One line a variant of the decode table of cu/variants.json, made by scripts/build_ptx.py.

@@ -22,6 +22,11 @@ __device__ __forceinline__ void cp_async_16_or_zero(void* smem_dst, const void* 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(smem_dst)),
                "l"(global_src), "r"(read ? 16 : 0));
 }
+// Four bytes (cp.async.ca: the 4-byte size needs the L1 path), zeros when read is false.
+__device__ __forceinline__ void cp_async_4_or_zero(void* smem_dst, const void* global_src, bool read) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(smem_dst)),
+               "l"(global_src), "r"(read ? 4 : 0));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are still in flight.
 template <int N>

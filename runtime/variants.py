@@ -33,7 +33,7 @@ DECODE_THREADS = 128        # kThreads
 DECODE_WARPS = DECODE_THREADS // 32
 DECODE_KEYS_PER_BLOCK = 16  # kBlockKeys: keys a warp group takes per step
 DECODE_MERGE_ROW_PAD = 8    # kPartStride - D_TILE: floats of padding per row of the end-of-CTA merge
-_ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4}
+_ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}
 
 
 def _variants(family: str) -> list[dict]:
@@ -118,18 +118,40 @@ class Sm90Tile:
 
 @dataclass(frozen=True)
 class DecodeTile:
-    """decode_split<T, d> of cu/decode.cu: query, K and V rows padded to d elements."""
+    """decode_split<T, KV, d> of cu/decode.cu: query, K and V rows padded to d elements; `kv`
+    names an fp8 cache type ("e4m3", "e5m2"), None when the cache holds q's dtype."""
     dtype: str
     d: int
+    kv: str | None = None
 
     @property
     def kernel(self) -> str:
-        return f"decode_split_{self.dtype}_d{self.d}"
+        return f"decode_split_{self.dtype}_{self.kv}_d{self.d}" if self.kv else f"decode_split_{self.dtype}_d{self.d}"
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """CTAs an SM should hold (plan_decode's ring depth): an fp8 block costs more
+        instructions per byte, so fp8 kernels want more warps to hide their latency (see
+        cu/decode_tuning.md, v9)."""
+        return 3 if self.kv else 2
+
+    @property
+    def max_stages(self) -> int:
+        """Ring depth the kernel can wait on (cp_async_wait_pending): fp8 stages are half as
+        deep in bytes, so their rings may be twice as long."""
+        return 8 if self.kv else 4
 
     def shared_bytes(self, warps_m: int, stages: int) -> int:
-        """The query tile, each warp group's K/V ring, or (reusing it) the end-of-CTA merge."""
+        """The query tile, each warp group's K/V ring (an fp8 stage also holds its 16 K and 16
+        V scales), or (reusing it) the end-of-CTA merge."""
         groups = DECODE_WARPS // warps_m
-        ring = (16 * warps_m + groups * stages * 2 * DECODE_KEYS_PER_BLOCK) * self.d * _ITEMSIZE[self.dtype]
+        stage = 2 * DECODE_KEYS_PER_BLOCK * self.d * _ITEMSIZE[self.kv or self.dtype]
+        if self.kv:
+            stage += 2 * DECODE_KEYS_PER_BLOCK * 4
+        queries = 16 * warps_m * self.d * _ITEMSIZE[self.dtype]
+        if self.kv:
+            queries += 16 * warps_m * 4  # each row's largest magnitude (q_tile_for_fp8)
+        ring = queries + groups * stages * stage
         merge = (2 + self.d + DECODE_MERGE_ROW_PAD) * 16 * DECODE_WARPS * 4
         return max(ring, merge)
 
@@ -152,10 +174,11 @@ def sm90_tiles() -> Mapping[int, Sm90Tile]:
 
 
 @functools.cache
-def decode_d_tiles(dtype: str) -> tuple[DecodeTile, ...]:
-    """decode's head-dim tiles in `dtype`, smallest first (none for a dtype it lacks)."""
-    return tuple(sorted((DecodeTile(dtype, v["d"]) for v in _variants("decode") if v["dtype"] == dtype),
-                        key=lambda tile: tile.d))
+def decode_d_tiles(dtype: str, kv: str | None = None) -> tuple[DecodeTile, ...]:
+    """decode's head-dim tiles for queries in `dtype` and a cache of `kv` (an fp8 type; None:
+    q's dtype), smallest first (none for a pair it lacks)."""
+    return tuple(sorted((DecodeTile(dtype, v["d"], kv) for v in _variants("decode")
+                         if v["dtype"] == dtype and v.get("kv") == kv), key=lambda tile: tile.d))
 
 
 @functools.cache

@@ -10,8 +10,16 @@ against PyTorch flash on the live keys of every row when torch is there, so a fa
 kernel cannot hide in the table. A "uniform" row also reports its live_fraction (live tokens
 over B x capacity) and time_vs_full (its time over the full row of the same B and capacity,
 run just before it): when time scales with live tokens, not capacity, the two are about equal.
+
+fp8 columns: the same step over float8_e4m3fn caches with per-(token, kv head) scales (random
+finite bytes and scales), contiguous and paged; fp8_tbs counts the bytes it moves (fp8 K and V,
+their float32 scales, q and o), fp8_speedup is bf16 time over fp8 time (tokens/s), and
+fp8_rel_err compares the first and last rows with the float64 reference over the dequantized
+cache.
 """
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -27,21 +35,30 @@ HQ, HKV, D = 32, 8, 128
 # (after the full row of its B and capacity, which it is compared with).
 SHAPES = [(64, 8192, "full"), (128, 2048, "full"), (1, 32768, "full"), (8, 8192, "full"), (8, 8192, "uniform")]
 PAGE_SIZES = (16, 64)
+FP8 = ptxattn.dtypes.float8_e4m3fn
 
 
-def _paged(rng, k, v, page_size: int):
-    """The same keys and values in shuffled HND pools sharing one block table (NumPy):
-    (k_pool, v_pool, block_table)."""
-    b, hkv, cap, d = k.shape
+def _paged(rng, *caches, page_size: int):
+    """The same [B, Hkv, capacity, ...] caches (keys, values, per-token scales) in shuffled
+    HND pools sharing one block table (NumPy): (*pools, block_table)."""
+    b, hkv, cap = caches[0].shape[:3]
     per_row = cap // page_size
     pages = rng.permutation(b * per_row)
 
     def pool_of(cache):
-        pool = np.empty((b * per_row, hkv, page_size, d), cache.dtype)
-        pool[pages] = cache.reshape(b, hkv, per_row, page_size, d).transpose(0, 2, 1, 3, 4).reshape(pool.shape)
+        rest = cache.shape[3:]
+        pool = np.empty((b * per_row, hkv, page_size, *rest), cache.dtype)
+        by_page = cache.reshape(b, hkv, per_row, page_size, *rest).swapaxes(1, 2)
+        pool[pages] = by_page.reshape(pool.shape)
         return pool
 
-    return pool_of(k), pool_of(v), pages.reshape(b, per_row).astype(np.int32)
+    return (*(pool_of(c) for c in caches), pages.reshape(b, per_row).astype(np.int32))
+
+
+def _fp8_cache(rng, shape):
+    """Random finite e4m3 bytes (no NaN: 0x7f / 0xff) and per-token scales in [0.005, 0.02]."""
+    data = rng.integers(0, 0x7F, shape, dtype=np.uint8) | (rng.integers(0, 2, shape, dtype=np.uint8) << 7)
+    return data.view(FP8), rng.uniform(0.005, 0.02, shape[:3]).astype(np.float32)
 
 
 def _graphed(step, count: int):
@@ -72,8 +89,11 @@ def run(args) -> list[dict]:
                      for _ in range(rotation_count(2 * b * HKV * cap * D * 2))]
         sets = [tuple(upload(t) for t in s) for s in host_sets]
         dev_lens, out = upload(lens), ptxattn.empty((b, HQ, 1, D), BF16)
-        # Made before the captures (paged pools of the same capacity plan the same workspace).
-        workspace = ptxattn.empty((max(ptxattn.decode_workspace_bytes(*sets[0]), 1),), np.uint8)
+        # Made before the captures (paged pools of the same capacity plan the same workspace);
+        # big enough for the fp8 plan too, which splits rows into more pieces.
+        fp8_like = [SimpleNamespace(shape=t.shape, dtype=np.dtype(FP8)) for t in host_sets[0][1:]]
+        workspace_bytes = max(ptxattn.decode_workspace_bytes(*sets[0]), ptxattn.decode_workspace_bytes(sets[0][0], *fp8_like))
+        workspace = ptxattn.empty((max(workspace_bytes, 1),), np.uint8)
         moved = 2 * HKV * D * 2 * live + 2 * b * HQ * D * 2
         # The first and last rows against the float64 reference.
         checked = sorted({0, b - 1})
@@ -95,7 +115,7 @@ def run(args) -> list[dict]:
             _torch_columns(torch, backends, row, timings, sets, lens, out, kind, repeat)
 
         for page_size in PAGE_SIZES:
-            paged = [(q, *(upload(t) for t in _paged(rng, k, v, page_size)))
+            paged = [(q, *(upload(t) for t in _paged(rng, k, v, page_size=page_size)))
                      for (q, _, _), (_, k, v) in zip(sets, host_sets)]
 
             def paged_step(i, paged=paged):
@@ -108,10 +128,19 @@ def run(args) -> list[dict]:
             row[f"paged{page_size}_rel_err"] = error_vs_reference()
             del paged
 
+        _fp8_columns(rng, row, timings, host_sets, dev_lens, lens, out, workspace, checked, repeat)
+
         tbs = {name: (moved / (ms * 1e-3) / 1e12 if ms else None) for name, ms in timings.items()}
         for name, ms in timings.items():
             row[f"{name}_ms"] = ms
             row[f"{name}_tbs"] = tbs[name]
+        fp8_moved = HKV * (D + 4) * 2 * live + 2 * b * HQ * D * 2  # 1-byte K and V, a 4-byte scale each
+        for name in [n for n in timings if n.startswith("fp8")]:
+            tbs[name] = fp8_moved / (timings[name] * 1e-3) / 1e12
+            row[f"{name}_tbs"] = tbs[name]
+        row["fp8_speedup"] = timings["ptxattn"] / timings["fp8"]
+        for page_size in PAGE_SIZES:
+            row[f"fp8_paged{page_size}_vs_contiguous"] = timings["fp8"] / timings[f"fp8_paged{page_size}"]
         row["ratio_vs_copy"] = tbs["ptxattn"] / copy_tbs
         if kind == "full":
             full_ms[b, cap] = timings["ptxattn"]
@@ -126,6 +155,39 @@ def run(args) -> list[dict]:
         if torch is not None:
             torch.cuda.empty_cache()
     return rows
+
+
+def _fp8_columns(rng, row, timings, host_sets, dev_lens, lens, out, workspace, checked, repeat: int) -> None:
+    """The step over e4m3 caches with per-token scales, contiguous and paged (into `timings`),
+    and its error on the checked rows against the reference over the dequantized cache."""
+    b, hkv, cap, _ = host_sets[0][1].shape
+    count = rotation_count(2 * b * hkv * cap * (D + 4))
+    fp8_host = [(host_sets[i % len(host_sets)][0], *_fp8_cache(rng, (b, hkv, cap, D)), *_fp8_cache(rng, (b, hkv, cap, D)))
+                for i in range(count)]
+    fp8_sets = [tuple(upload(t) for t in s) for s in fp8_host]
+
+    def contiguous(i):
+        q, k, ks, v, vs = fp8_sets[i]
+        ptxattn.decode(q, k, v, dev_lens, k_scale=ks, v_scale=vs, out=out, workspace=workspace, stream=stream())
+
+    timings["fp8"] = time_ms(_graphed(contiguous, len(fp8_sets)), repeat=repeat, rotate=len(fp8_sets))
+    contiguous(0)
+    q, k, ks, v, vs = (t[checked] for t in fp8_host[0])
+    want = reference.decode(q, k.astype(np.float64) * ks[..., None], v.astype(np.float64) * vs[..., None],
+                            lens[checked])[0]
+    row["fp8_rel_err"] = relative_error(out.get(stream())[checked], want)
+    for page_size in PAGE_SIZES:
+        paged = [(q, *(upload(t) for t in _paged(rng, k, ks, v, vs, page_size=page_size)))
+                 for (q, _, _, _, _), (_, k, ks, v, vs) in zip(fp8_sets, fp8_host)]
+
+        def paged_step(i, paged=paged):
+            q, k_pool, ks_pool, v_pool, vs_pool, table = paged[i]
+            ptxattn.paged_decode(q, k_pool, v_pool, table, dev_lens, k_scale=ks_pool, v_scale=vs_pool, out=out,
+                                 workspace=workspace, stream=stream())
+
+        timings[f"fp8_paged{page_size}"] = time_ms(_graphed(paged_step, len(paged)), repeat=repeat,
+                                                   rotate=len(paged))
+        del paged
 
 
 def _torch_columns(torch, backends, row, timings, sets, lens, out, kind: str, repeat: int) -> None:

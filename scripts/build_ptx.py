@@ -107,6 +107,7 @@ def sha256(data: bytes) -> str:
 # One generator a family with variants: (line, the kernels it defines) for each variant, in
 # table order. The PTX follows the order of definition: reordering the table changes it.
 C_TYPES = {"f16": "__half", "bf16": "__nv_bfloat16", "f32": "float"}
+FP8_C_TYPES = {"e4m3": "ptxattn::decode::fp8_e4m3", "e5m2": "ptxattn::decode::fp8_e5m2"}  # decode.cu's
 
 
 def c_literal(value) -> str:
@@ -132,8 +133,10 @@ def _flash_fwd_sm90(info):
 
 def _decode(info):
     for v in info["variants"]:
-        name = f"decode_split_{v['dtype']}_d{v['d']}"
-        yield f"PTXATTN_DECODE_VARIANT({name}, {C_TYPES[v['dtype']]}, {v['d']})", [name]
+        kv = v.get("kv")  # an fp8 cache type, else the cache holds q's dtype
+        name = f"decode_split_{v['dtype']}_{kv}_d{v['d']}" if kv else f"decode_split_{v['dtype']}_d{v['d']}"
+        kv_type = FP8_C_TYPES[kv] if kv else C_TYPES[v["dtype"]]
+        yield f"PTXATTN_DECODE_VARIANT({name}, {C_TYPES[v['dtype']]}, {kv_type}, {v['d']})", [name]
 
 
 def _merge(info):

@@ -72,3 +72,39 @@ class GuardedAttention:
 
     def check(self):
         return self.o.check(), self.lse.check()
+
+
+# ---- fp8 caches ------------------------------------------------------------------------------
+FP8 = [ptxattn.dtypes.float8_e4m3fn, ptxattn.dtypes.float8_e5m2]
+FP8_IDS = ["e4m3", "e5m2"]
+FP8_MAX = {ptxattn.dtypes.float8_e4m3fn: 448.0, ptxattn.dtypes.float8_e5m2: 57344.0}
+FP8_NAN = 0x7F  # a NaN byte in both types
+
+
+def fp8_cache(rng, batch, hkv, capacity, dim, fp8, lens, per_token: bool):
+    """A random [B, Hkv, capacity, D] fp8 cache quantized from values whose size varies from
+    token to token, with its scale (a float, or float32 [B, Hkv, capacity]) and the float64
+    cache it stands for. Slots at or past lens[b] hold NaN bytes (and NaN scales)."""
+    magnitude = np.exp(rng.uniform(-3, 3, (batch, hkv, capacity, 1)))
+    x = rng.standard_normal((batch, hkv, capacity, dim)) * magnitude
+    if per_token:
+        scale = (np.abs(x).max(axis=3) / FP8_MAX[fp8]).astype(np.float32)
+        data = np.clip(x / scale[..., None], -FP8_MAX[fp8], FP8_MAX[fp8]).astype(fp8)
+        dequant = data.astype(np.float64) * scale[..., None]
+    else:
+        scale = float(np.abs(x).max() / FP8_MAX[fp8])
+        data = np.clip(x / scale, -FP8_MAX[fp8], FP8_MAX[fp8]).astype(fp8)
+        dequant = data.astype(np.float64) * scale
+    for b, length in enumerate(lens):
+        data.view(np.uint8)[b, :, max(int(length), 0):] = FP8_NAN
+        dequant[b, :, max(int(length), 0):] = np.nan
+        if per_token:
+            scale[b, :, max(int(length), 0):] = np.nan
+    return data, scale, dequant
+
+
+def scale_to_layout(scale, layout: str):
+    """A per-token scale array [pages, Hkv, tokens] in `layout` (a float passes through)."""
+    if isinstance(scale, float):
+        return scale
+    return np.ascontiguousarray(scale if layout == "HND" else scale.transpose(0, 2, 1))

@@ -320,3 +320,53 @@ def test_merge_device_strides_disagree():
     lse = dev((B, HQ, SQ), np.float32, ptr=0x300000)
     with pytest.raises(ValueError, match="merge_states: o_a and o_b must have the same strides"):
         ptxattn.merge_states(o_a, lse, o_b, dev((B, HQ, SQ), np.float32, ptr=0x400000))
+
+
+# ---- fp8 caches ---------------------------------------------------------------------------------
+E4M3, E5M2 = ptxattn.dtypes.float8_e4m3fn, ptxattn.dtypes.float8_e5m2
+FP8_CACHE = host((B, HKV, CAP, D), E4M3)
+TOKEN_SCALES = np.ones((B, HKV, CAP), np.float32)
+
+
+@pytest.mark.parametrize("over, options, error, message", [
+    ({"k_cache": FP8_CACHE, "v_cache": FP8_CACHE}, {"v_scale": 1.0}, TypeError,
+     r"decode: k_scale is required with a float8_e4m3fn k_cache: a positive number .* or a float32 array of shape "
+     r"\(2, 2, 128\) \(one per token and kv head\), got None"),
+    ({"k_cache": FP8_CACHE, "v_cache": FP8_CACHE}, {"k_scale": 1.0}, TypeError, r"decode: v_scale is required"),
+    ({}, {"k_scale": 1.0}, TypeError, r"decode: k_scale applies to float8 caches only, and k_cache is float16"),
+    ({"k_cache": FP8_CACHE, "v_cache": FP8_CACHE}, {"k_scale": True, "v_scale": 1.0}, TypeError,
+     r"decode: k_scale must be a positive number or a float32 array, got bool"),
+    ({"k_cache": FP8_CACHE, "v_cache": FP8_CACHE}, {"k_scale": 1.0, "v_scale": 0.0}, ValueError,
+     r"decode: v_scale must be finite and > 0, got 0.0"),
+    ({"k_cache": FP8_CACHE, "v_cache": FP8_CACHE}, {"k_scale": float("nan"), "v_scale": 1.0}, ValueError,
+     r"decode: k_scale must be finite and > 0, got nan"),
+    ({"k_cache": FP8_CACHE, "v_cache": FP8_CACHE}, {"k_scale": TOKEN_SCALES[:, :, :5], "v_scale": 1.0}, TypeError,
+     r"decode: k_scale must be float32 of shape \(2, 2, 128\) \(k_cache's shape less its last axis, layout HND\), "
+     r"got float32 \(2, 2, 5\)"),
+    ({"k_cache": FP8_CACHE, "v_cache": FP8_CACHE}, {"k_scale": 1.0, "v_scale": TOKEN_SCALES.astype(np.float16)},
+     TypeError, r"decode: v_scale must be float32 of shape \(2, 2, 128\)"),
+    ({"k_cache": FP8_CACHE, "v_cache": FP8_CACHE.astype(E5M2)}, {"k_scale": 1.0, "v_scale": 1.0}, TypeError,
+     r"decode: v_cache must have k_cache's dtype float8_e4m3fn, got float8_e5m2"),
+    ({"q": host((B, HQ, SQ, D), np.float32), "k_cache": FP8_CACHE, "v_cache": FP8_CACHE},
+     {"k_scale": 1.0, "v_scale": 1.0}, TypeError, r"decode: q must be float16 or bfloat16 with float8_e4m3fn caches, "
+                                                  r"got float32"),
+    ({"q": host((B, HQ, SQ, 8)), "k_cache": host((B, HKV, CAP, 8), E4M3), "v_cache": host((B, HKV, CAP, 8), E4M3)},
+     {"k_scale": 1.0, "v_scale": 1.0}, ValueError,
+     r"decode: k_cache's last axis must be a positive multiple of 16 for float8_e4m3fn \(16-byte rows\), got 8"),
+    ({"q": host((B, HQ, SQ, 512)), "k_cache": host((B, HKV, CAP, 512), E4M3),
+      "v_cache": host((B, HKV, CAP, 512), E4M3)}, {"k_scale": 1.0, "v_scale": 1.0}, ValueError,
+     r"decode: head dims up to 256 are supported for float16 with float8_e4m3fn caches, got Dqk=512, Dv=512"),
+], ids=["k_scale_missing", "v_scale_missing", "scale_on_f16_cache", "bool_scale", "zero_scale", "nan_scale",
+        "scale_shape", "scale_dtype", "mixed_fp8", "f32_query", "row_bytes", "head_dim"])
+def test_decode_fp8_arguments(over, options, error, message):
+    with pytest.raises(error, match=message):
+        run_decode(options, **over)
+
+
+def test_paged_decode_fp8_scale_shape_follows_the_pool_layout():
+    pool = host((6, 16, HKV, D), E4M3)  # NHD: [pages, page_size, Hkv, D]
+    q, table, lens = host((B, HQ, SQ, D)), np.zeros((B, 3), np.int32), np.zeros(B, np.int32)
+    with pytest.raises(TypeError, match=r"paged_decode: k_scale must be float32 of shape \(6, 16, 2\) "
+                                        r"\(k_pool's shape less its last axis, layout NHD\), got float32 \(6, 2, 16\)"):
+        ptxattn.paged_decode(q, pool, pool, table, lens, layout="NHD", k_scale=np.ones((6, HKV, 16), np.float32),
+                             v_scale=1.0)

@@ -23,7 +23,8 @@ def test_views_name_every_kernel_of_the_manifest():
             for general in (False, True)} | {"flash_fwd_f32"} == kernels("flash_fwd")
     sm90_dtypes = manifest()["families"]["flash_fwd_sm90"]["dtypes"]
     assert {t.kernel(dt) for t in sm90_tiles().values() for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
-    assert {t.kernel for dt in DTYPES for t in decode_d_tiles(dt)} == kernels("decode")
+    assert {t.kernel for dt in DTYPES for kv in (None, "e4m3", "e5m2") for t in decode_d_tiles(dt, kv)} == \
+        kernels("decode")
     assert {f"merge_{a}_{b}" for a, b in merge_dtypes()} == kernels("merge")
     assert {f"softmax_{kind}_{dt}" for kind in ("rows_warp", "rows_block", "cols")
             for dt in softmax_dtypes()} == kernels("softmax")
@@ -56,6 +57,16 @@ def test_decode_tiles_and_their_shared_bytes():
     # One group of four warps, two stages: the end-of-CTA merge (16 rows a warp of 2 + 256 + 8
     # floats) outgrows the ring.
     assert DecodeTile("bf16", 256).shared_bytes(warps_m=4, stages=2) == (2 + 256 + 8) * 16 * 4 * 4
+
+
+def test_fp8_decode_tiles_and_their_shared_bytes():
+    assert [t.d for t in decode_d_tiles("f16", "e4m3")] == [128, 256] == [t.d for t in decode_d_tiles("bf16", "e5m2")]
+    assert decode_d_tiles("f32", "e4m3") == ()
+    tile = decode_d_tiles("bf16", "e4m3")[0]
+    assert (tile.kernel, tile.max_stages) == ("decode_split_bf16_e4m3_d128", 8)
+    # bf16 queries (16 rows) and their magnitudes, then 4 rings of 6 stages: 16 K + 16 V rows of
+    # 128 bytes and 32 scales.
+    assert tile.shared_bytes(warps_m=1, stages=6) == 16 * 128 * 2 + 16 * 4 + 4 * 6 * (32 * 128 + 32 * 4)
 
 
 def test_views_are_read_only():

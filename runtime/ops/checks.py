@@ -15,7 +15,7 @@ from ..dtypes import bfloat16
 
 __all__ = [
     "ATTENTION_DTYPES", "UNBOUNDED_WINDOW", "MAX_GRID_YZ", "LAYOUTS", "require", "check_flag", "parse_scale",
-    "parse_softcap", "parse_window", "parse_layout", "check_rank", "check_attention_dtype", "check_same_dtype",
+    "is_real", "parse_softcap", "parse_window", "parse_layout", "check_rank", "check_attention_dtype", "check_same_dtype",
     "check_index_array", "check_row_bytes", "check_unit_last_stride", "check_nonnegative_strides", "check_sinks",
     "check_output", "check_host_values",
 ]
@@ -38,7 +38,7 @@ def check_flag(op: str, name: str, value) -> bool:
     return bool(value)
 
 
-def _real(value) -> bool:
+def is_real(value) -> bool:
     return isinstance(value, _NUMBER) and not isinstance(value, (bool, np.bool_))
 
 
@@ -46,7 +46,7 @@ def parse_scale(op: str, scale, dim_qk: int) -> float:
     """The softmax scale: None -> 1/sqrt(Dqk); 0 is a real zero."""
     if scale is None:
         return 1.0 / math.sqrt(dim_qk)
-    if not _real(scale):
+    if not is_real(scale):
         raise TypeError(f"{op}: scale must be a number or None, got {scale!r}")
     if not math.isfinite(scale):
         raise ValueError(f"{op}: scale must be finite, got {scale!r}")
@@ -54,7 +54,7 @@ def parse_scale(op: str, scale, dim_qk: int) -> float:
 
 
 def parse_softcap(op: str, softcap) -> float:
-    if not _real(softcap):
+    if not is_real(softcap):
         raise TypeError(f"{op}: softcap must be a number (0 = off), got {softcap!r}")
     if not math.isfinite(softcap) or softcap < 0:
         raise ValueError(f"{op}: softcap must be finite and >= 0 (0 = off), got {softcap!r}")

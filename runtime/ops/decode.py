@@ -21,9 +21,11 @@ from ..faults import fault_buffer
 from ..memory import ALIGNMENT, WorkspaceLayout
 from ..module import ParamStruct
 from ..variants import DECODE_KEYS_PER_BLOCK, DECODE_THREADS, DECODE_WARPS, DecodeTile, decode_d_tiles
+from ..dtypes import bfloat16
 from .checks import (ATTENTION_DTYPES, MAX_GRID_YZ, check_attention_dtype, check_flag, check_host_values,
                      check_index_array, check_output, check_rank, check_row_bytes, check_same_dtype, check_sinks,
                      parse_layout, parse_scale, parse_softcap, parse_window, require)
+from .fp8 import KERNEL_NAMES, KvScale, is_fp8, parse_kv_scale, scale_strides
 from .kv_cache import CacheShape, cache_shape, cache_strides
 from .merge import bind_merge
 from .prepared import Op
@@ -35,7 +37,6 @@ SPLIT_ALIGN = DECODE_KEYS_PER_BLOCK * DECODE_WARPS  # keys_per_split is a multip
 #                                                   # group as many blocks
 MAX_SQ = 16
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
-MAX_STAGES = 4            # cu/decode.cu waits on at most 3 groups in flight
 SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): an SM holds opt-in max + this
 # Why one wave of splits, rings deep enough for two CTAs an SM, a direct write with one split,
 # and the largest shared-memory carveout: each was measured against its alternatives on the
@@ -48,7 +49,7 @@ class DecodeParams(ParamStruct):
         ("seq_lens", ctypes.c_void_p), ("block_table", ctypes.c_void_p),
         ("o_part", ctypes.c_void_p), ("lse_part", ctypes.c_void_p),
         ("o_out", ctypes.c_void_p), ("lse_out", ctypes.c_void_p), ("sinks", ctypes.c_void_p),
-        ("fault", ctypes.c_void_p),
+        ("fault", ctypes.c_void_p), ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p),
         ("q_stride_b", ctypes.c_int64), ("q_stride_h", ctypes.c_int64), ("q_stride_s", ctypes.c_int64),
         ("k_stride_page", ctypes.c_int64), ("k_stride_head", ctypes.c_int64), ("k_stride_tok", ctypes.c_int64),
         ("v_stride_page", ctypes.c_int64), ("v_stride_head", ctypes.c_int64), ("v_stride_tok", ctypes.c_int64),
@@ -56,12 +57,16 @@ class DecodeParams(ParamStruct):
         ("o_out_stride_b", ctypes.c_int64), ("o_out_stride_h", ctypes.c_int64), ("o_out_stride_s", ctypes.c_int64),
         ("lse_out_stride_b", ctypes.c_int64), ("lse_out_stride_h", ctypes.c_int64),
         ("lse_out_stride_s", ctypes.c_int64),
+        ("k_scale_stride_page", ctypes.c_int64), ("k_scale_stride_head", ctypes.c_int64),
+        ("k_scale_stride_tok", ctypes.c_int64),
+        ("v_scale_stride_page", ctypes.c_int64), ("v_scale_stride_head", ctypes.c_int64),
+        ("v_scale_stride_tok", ctypes.c_int64),
         ("hq", ctypes.c_int32), ("hkv", ctypes.c_int32), ("sq", ctypes.c_int32),
         ("dqk", ctypes.c_int32), ("dv", ctypes.c_int32), ("capacity", ctypes.c_int32),
         ("num_pages", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
         ("num_splits", ctypes.c_int32), ("keys_per_split", ctypes.c_int32),
         ("warps_m", ctypes.c_int32), ("stages", ctypes.c_int32), ("window_left", ctypes.c_int32),
-        ("scale", ctypes.c_float), ("softcap", ctypes.c_float),
+        ("scale", ctypes.c_float), ("softcap", ctypes.c_float), ("v_scale", ctypes.c_float),
     ]
 
 
@@ -85,32 +90,39 @@ class DecodePlan:
         return self.workspace.nbytes
 
 
-def d_tile_for(dtype, dqk: int, dv: int) -> DecodeTile | None:
-    """The smallest head-dim tile of decode's kernels in `dtype` that holds Dqk and Dv."""
-    tiles = decode_d_tiles(ATTENTION_DTYPES[np.dtype(dtype)])
+def d_tile_for(dtype, dqk: int, dv: int, cache_dtype=None) -> DecodeTile | None:
+    """The smallest head-dim tile of decode's kernels for queries in `dtype` and a cache of
+    `cache_dtype` (default: the same) that holds Dqk and Dv."""
+    kv = KERNEL_NAMES.get(np.dtype(cache_dtype)) if cache_dtype is not None else None
+    tiles = decode_d_tiles(ATTENTION_DTYPES[np.dtype(dtype)], kv)
     return next((t for t in tiles if t.d >= max(dqk, dv)), None)
 
 
 def ring_depth(tile: DecodeTile, warps_m: int, max_shared: int) -> int:
-    """The deepest ring that still lets two CTAs share an SM (eight warps streaming); failing
-    that the deepest one CTA can hold; 2 when none fits (plan_decode reports it)."""
+    """The deepest ring that still lets tile.ctas_per_sm CTAs share an SM (two for 16-bit
+    caches: eight warps streaming; three for fp8 ones); failing that fewer CTAs, down to the
+    deepest ring one CTA can hold; 2 when none fits (plan_decode reports it)."""
     per_sm = max_shared + SHARED_RESERVED_PER_CTA
-    need = {s: tile.shared_bytes(warps_m, s) for s in range(MAX_STAGES, 1, -1)}
+    need = {s: tile.shared_bytes(warps_m, s) for s in range(tile.max_stages, 1, -1)}
     fits = [s for s, n in need.items() if n <= max_shared]
-    two_per_sm = [s for s in fits if 2 * (need[s] + SHARED_RESERVED_PER_CTA) <= per_sm]
-    return (two_per_sm or fits or [2])[0]
+    for ctas in range(tile.ctas_per_sm, 1, -1):
+        shared = [s for s in fits if ctas * (need[s] + SHARED_RESERVED_PER_CTA) <= per_sm]
+        if shared:
+            return shared[0]
+    return (fits or [2])[0]
 
 
 def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, capacity: int, dtype,
-                sm_count: int, max_shared: int, stages: int | None = None,
+                sm_count: int, max_shared: int, cache_dtype=None, stages: int | None = None,
                 ctas_per_sm: int | None = None, waves: int = 1) -> DecodePlan:
     """Grid, split geometry, shared memory and workspace of one decode launch (validated
-    shapes). Depends on no live length. The grid is one wave: as many splits as let every
-    (batch row, kv head, row block) have its CTAs resident at once, each split at least
-    MIN_KEYS_PER_SPLIT keys. `stages` overrides the ring depth, `ctas_per_sm` the CTAs an SM is
-    taken to hold and `waves` the grid target (benchmarks)."""
+    shapes; `dtype` is q's, `cache_dtype` the cache's when it differs: fp8). Depends on no live
+    length. The grid is one wave: as many splits as let every (batch row, kv head, row block)
+    have its CTAs resident at once, each split at least MIN_KEYS_PER_SPLIT keys. `stages`
+    overrides the ring depth, `ctas_per_sm` the CTAs an SM is taken to hold and `waves` the
+    grid target (benchmarks)."""
     dtype = np.dtype(dtype)
-    tile = d_tile_for(dtype, dqk, dv)
+    tile = d_tile_for(dtype, dqk, dv, cache_dtype)
     rows = hq // hkv * sq  # query rows sharing one kv head
     warps_m = 1 if rows <= 16 else 2 if rows <= 32 else 4
     row_blocks = _ceil_div(rows, 16 * warps_m)
@@ -187,10 +199,37 @@ def check_query(op: str, q, k: CacheShape, v: CacheShape) -> None:
         raise ValueError(f"{op}: q's Hq ({hq}) must be a multiple of the caches' Hkv ({k.heads})")
     if dqk != k.dim:
         raise ValueError(f"{op}: q's Dqk ({dqk}) must equal the key cache's D ({k.dim})")
-    if d_tile_for(q.dtype, dqk, v.dim) is None:
-        top = decode_d_tiles(ATTENTION_DTYPES[np.dtype(q.dtype)])[-1].d
-        raise ValueError(f"{op}: head dims up to {top} are supported for {q.dtype}, got Dqk={dqk}, Dv={v.dim}")
     check_row_bytes(op, "q", q)
+
+
+def check_head_dims(op: str, q, v: CacheShape, cache_dtype=None) -> None:
+    """A kernel for q's dtype (and the caches', when fp8) holds Dqk and Dv."""
+    dqk = int(q.shape[3])
+    if d_tile_for(q.dtype, dqk, v.dim, cache_dtype) is None:
+        kv = KERNEL_NAMES.get(np.dtype(cache_dtype)) if cache_dtype is not None else None
+        top = decode_d_tiles(ATTENTION_DTYPES[np.dtype(q.dtype)], kv)[-1].d
+        raise ValueError(f"{op}: head dims up to {top} are supported for {q.dtype}"
+                         f"{f' with {np.dtype(cache_dtype)} caches' if kv else ''}, got Dqk={dqk}, Dv={v.dim}")
+
+
+def check_cache_dtypes(op: str, a: dict, src: KvSource) -> np.dtype | None:
+    """K and V hold q's dtype, or one fp8 type (then q is float16 or bfloat16): that fp8 dtype,
+    else None."""
+    q = a["q"]
+    k_name, v_name = src.names[:2]
+    fp8 = is_fp8(a[k_name].dtype) or is_fp8(a[v_name].dtype)
+    if fp8:
+        check_same_dtype(op, v_name, a[v_name], k_name, a[k_name])
+    for name in (k_name, v_name):
+        if not fp8:
+            check_attention_dtype(op, name, a[name])
+            check_same_dtype(op, name, a[name], "q", q)
+        check_row_bytes(op, name, a[name])
+    if not fp8:
+        return None
+    if np.dtype(q.dtype) not in (np.dtype(np.float16), bfloat16):
+        raise TypeError(f"{op}: q must be float16 or bfloat16 with {a[k_name].dtype} caches, got {q.dtype}")
+    return np.dtype(a[k_name].dtype)
 
 
 @dataclass(frozen=True)
@@ -202,18 +241,26 @@ class DecodeChecked:
     window_left: int
     with_lse: bool
     return_lse: bool
+    k_scale: KvScale | None  # fp8 caches only
+    v_scale: KvScale | None
 
 
-def validate_decode(op: str, a: dict, src: KvSource, scale, softcap, window, return_lse, on_host: bool,
-                    device=None) -> DecodeChecked | None:
+def validate_decode(op: str, a: dict, src: KvSource, scale, softcap, window, return_lse, k_scale, v_scale,
+                    on_host: bool, device=None) -> DecodeChecked | None:
     """Everything decode and paged_decode check alike, and the plan (on `device`, default:
-    the arrays' device, else the current one); NumPy calls (on_host) get no plan, None."""
+    the arrays' device, else the current one); NumPy calls (on_host) get no plan, None.
+    k_scale / v_scale: the number options (a per-tensor scale), or None when the array of
+    that name carries the scales."""
     q = a["q"]
+    require(op, src.names[0], a[src.names[0]])
+    require(op, src.names[1], a[src.names[1]])
     check_query(op, q, src.k, src.v)
-    for name in src.names[:2]:
-        check_attention_dtype(op, name, a[name])
-        check_same_dtype(op, name, a[name], "q", q)
-        check_row_bytes(op, name, a[name])
+    cache_dtype = check_cache_dtypes(op, a, src)
+    check_head_dims(op, q, src.v, cache_dtype)
+    k_scale, v_scale = (
+        parse_kv_scale(op, name, a[name] if a[name] is not None else value, a[cache], cache, layout)
+        for name, value, cache, layout in (("k_scale", k_scale, src.names[0], src.k_layout),
+                                           ("v_scale", v_scale, src.names[1], src.v_layout)))
     batch, hq, sq, dqk = q.shape
     require(op, "seq_lens", a["seq_lens"])
     check_index_array(op, "seq_lens", a["seq_lens"], (batch,))
@@ -233,14 +280,15 @@ def validate_decode(op: str, a: dict, src: KvSource, scale, softcap, window, ret
     if device is None:
         device = q.device if isinstance(q, DeviceArray) else default_device()
     plan = plan_decode(batch=batch, hq=hq, hkv=src.k.heads, sq=sq, dqk=dqk, dv=src.v.dim, capacity=src.capacity,
-                       dtype=q.dtype, sm_count=device.sm_count, max_shared=device.max_shared_per_block_optin)
+                       dtype=q.dtype, cache_dtype=cache_dtype, sm_count=device.sm_count,
+                       max_shared=device.max_shared_per_block_optin)
     if workspace is not None and (workspace.nbytes < plan.workspace_bytes or not workspace.is_contiguous
                                   or workspace.ptr % ALIGNMENT):
         raise ValueError(f"{op}: workspace must be a contiguous device array of at least "
                          f"{plan.workspace_bytes:,} bytes starting on a {ALIGNMENT}-byte boundary (see "
                          f"{op}_workspace_bytes), got {workspace.nbytes:,} bytes at 0x{workspace.ptr:x}")
     return DecodeChecked(src, plan, checked_scale, checked_softcap, left, return_lse or a["out_lse"] is not None,
-                         return_lse)
+                         return_lse, k_scale, v_scale)
 
 
 # ---- binding ---------------------------------------------------------------------------------
@@ -260,16 +308,25 @@ def bind_decode(binding, a: dict, c: DecodeChecked) -> None:
     o_strides = out.element_strides[:3] if out is not None else (hq * sq * dv, sq * dv, dv)
     lse_strides = lse.element_strides if lse is not None else (hq * sq, sq, 1) if c.with_lse else (0, 0, 0)
     direct = plan.num_splits == 1  # the split kernel writes o and lse itself
+    # fp8: a per-tensor K scale joins the softmax scale, a per-tensor V scale the output's.
+    k_per_token, v_per_token = (s is not None and s.per_token for s in (c.k_scale, c.v_scale))
+    k_value = c.k_scale.value if c.k_scale is not None and not k_per_token else 1.0
+    v_value = c.v_scale.value if c.v_scale is not None and not v_per_token else 1.0
+    k_scale_strides = scale_strides(a["k_scale"], src.k_layout) if k_per_token else (0, 0, 0)
+    v_scale_strides = scale_strides(a["v_scale"], src.v_layout) if v_per_token else (0, 0, 0)
     params = DecodeParams(
-        None, None, None, None, None, None, None, None, None, None, fault_buffer(binding.device),
+        None, None, None, None, None, None, None, None, None, None, fault_buffer(binding.device), None, None,
         *q.element_strides[:3], *cache_strides(k, src.k_layout), *cache_strides(v, src.v_layout),
         table.element_strides[0] if table is not None else 0, *o_strides, *lse_strides,
+        *k_scale_strides, *v_scale_strides,
         hq, src.k.heads, sq, dqk, dv, src.capacity, src.num_pages, src.page_size.bit_length() - 1,
-        plan.num_splits, plan.keys_per_split, plan.warps_m, plan.stages, c.window_left, c.scale, c.softcap,
+        plan.num_splits, plan.keys_per_split, plan.warps_m, plan.stages, c.window_left, c.scale * k_value, c.softcap,
+        v_value,
     )
     split = binding.launch(plan.kernel, plan.grid, (THREADS, 1, 1), params, plan.shared_bytes)
     for name, field in (("q", "q"), (src.names[0], "k"), (src.names[1], "v"), ("seq_lens", "seq_lens"),
-                        (src.names[2], "block_table")):
+                        (src.names[2], "block_table"), ("k_scale" if k_per_token else None, "k_scales"),
+                        ("v_scale" if v_per_token else None, "v_scales")):
         if name is not None:
             binding.point(name, split, field)
     if direct:
@@ -297,17 +354,19 @@ def bind_decode(binding, a: dict, c: DecodeChecked) -> None:
         binding.point("sinks", combine, "sinks")
 
 
-_ARRAYS = ("q", "k_cache", "v_cache", "seq_lens", "sinks", "out", "out_lse", "workspace")
-_OPTIONS = ("layout", "scale", "softcap", "window", "return_lse")
+_ARRAYS = ("q", "k_cache", "v_cache", "seq_lens", "sinks", "k_scale", "v_scale", "out", "out_lse", "workspace")
+_OPTIONS = ("layout", "scale", "softcap", "window", "return_lse", "k_scale", "v_scale")
 
 
-def _validate(a: dict, layout, scale, softcap, window, return_lse, on_host: bool = False) -> DecodeChecked:
+def _validate(a: dict, layout, scale, softcap, window, return_lse, k_scale, v_scale,
+              on_host: bool = False) -> DecodeChecked:
     src = contiguous_source("decode", a, layout)
-    return validate_decode("decode", a, src, scale, softcap, window, return_lse, on_host)
+    return validate_decode("decode", a, src, scale, softcap, window, return_lse, k_scale, v_scale, on_host)
 
 
 _DECODE = Op("decode", _ARRAYS, _OPTIONS, outputs=("out", "out_lse"), validate=_validate,
-             bind=lambda binding, a, checked, *options: bind_decode(binding, a, checked))
+             bind=lambda binding, a, checked, *options: bind_decode(binding, a, checked),
+             number_or_array=("k_scale", "v_scale"))
 
 
 def decode_workspace_bytes(q, k_cache, v_cache, *, layout="HND", device=None) -> int:
@@ -316,12 +375,15 @@ def decode_workspace_bytes(q, k_cache, v_cache, *, layout="HND", device=None) ->
     a = dict.fromkeys(_ARRAYS)
     a.update(q=q, k_cache=k_cache, v_cache=v_cache, seq_lens=np.zeros(q.shape[0], np.int32))
     src = contiguous_source("decode", a, layout)
-    checked = validate_decode("decode", a, src, None, 0.0, None, False, False, device or default_device())
+    # The plan depends on the caches' dtype, never on the scales' values.
+    scales = [1.0 if is_fp8(c.dtype) else None for c in (k_cache, v_cache)]
+    checked = validate_decode("decode", a, src, None, 0.0, None, False, *scales, False, device or default_device())
     return checked.plan.workspace_bytes
 
 
 def decode(q, k_cache, v_cache, seq_lens, *, layout="HND", scale=None, softcap=0.0, window=None, sinks=None,
-           return_lse: bool = False, out=None, out_lse=None, workspace=None, stream=None):
+           k_scale=None, v_scale=None, return_lse: bool = False, out=None, out_lse=None, workspace=None,
+           stream=None):
     """Attention of q [B, Hq, Sq, Dqk] (Sq 1..16) against each row's first seq_lens[b] cached
     keys, bottom-right causal: query t sees keys < seq_lens[b] - Sq + 1 + t.
 
@@ -336,9 +398,19 @@ def decode(q, k_cache, v_cache, seq_lens, *, layout="HND", scale=None, softcap=0
     workspace: a device array of at least decode_workspace_bytes(...) bytes (else the call
     takes it from the stream-ordered pool). A length outside [0, capacity] is reported as a
     DeviceFault after synchronization (NumPy calls check it on the host first: ValueError).
+
+    fp8 caches (float8_e4m3fn or float8_e5m2, both alike; q float16 or bfloat16; head dims
+    multiples of 16) hold x standing for x * scale, and need k_scale and v_scale: a positive
+    number (one scale per tensor), or float32 arrays shaped like the caches less their last
+    axis ([B, Hkv, capacity] for "HND", one scale per token and kv head; kv_append writes
+    them). K and V become bf16 in registers (exactly) and both products run in bf16 with fp32
+    accumulation, whatever q's dtype: the result matches the float64 attention over the
+    dequantized cache to bf16 accuracy. Against the unquantized cache, quantization adds
+    the error measured in tests/test_fp8_decode_gpu.py (test_quantization_error). An
+    e4m3fn NaN (0x7f) in the live keys reads as 480, and e5m2's inf / NaN as finite values.
     """
-    return _DECODE((q, k_cache, v_cache, seq_lens, sinks, out, out_lse, workspace),
-                   (layout, scale, softcap, window, return_lse), stream)
+    return _DECODE((q, k_cache, v_cache, seq_lens, sinks, k_scale, v_scale, out, out_lse, workspace),
+                   (layout, scale, softcap, window, return_lse, k_scale, v_scale), stream)
 
 
 decode.op = _DECODE

@@ -15,6 +15,7 @@ from ..context import default_device
 from .checks import (check_attention_dtype, check_host_values, check_index_array, check_rank, check_row_bytes,
                      check_same_dtype, parse_layout, require)
 from .decode import KvSource, bind_decode, validate_decode
+from .fp8 import is_fp8
 from .kv_cache import (CacheShape, KvAppendParams, bind_append, cache_shape, cache_strides, check_writable,
                        new_tokens_strides)
 from .prepared import Op
@@ -40,7 +41,8 @@ def _pools(op: str, a: dict, layout) -> tuple[str, str, CacheShape, CacheShape]:
     if k.pages >= 2**31:
         raise ValueError(f"{op}: at most 2**31 - 1 pages, got {k.pages}")
     for name in ("k_pool", "v_pool"):
-        check_attention_dtype(op, name, a[name])
+        if not is_fp8(a[name].dtype):  # which dtypes go with which is the op's to check
+            check_attention_dtype(op, name, a[name])
         check_row_bytes(op, name, a[name])
     check_same_dtype(op, "v_pool", a["v_pool"], "k_pool", a["k_pool"])
     return k_layout, v_layout, k, v
@@ -125,19 +127,22 @@ def _check_host_pages(op: str, a: dict, src: KvSource) -> None:
                           f"a page id of the pool of {src.num_pages} pages")
 
 
-def _validate_decode(a: dict, layout, scale, softcap, window, return_lse, on_host: bool = False):
+def _validate_decode(a: dict, layout, scale, softcap, window, return_lse, k_scale, v_scale, on_host: bool = False):
     op = "paged_decode"
     src = paged_source(op, a, layout)
-    checked = validate_decode(op, a, src, scale, softcap, window, return_lse, on_host)
+    checked = validate_decode(op, a, src, scale, softcap, window, return_lse, k_scale, v_scale, on_host)
     if on_host:
         _check_host_pages(op, a, src)
     return checked
 
 
-_ARRAYS = ("q", "k_pool", "v_pool", "block_table", "seq_lens", "sinks", "out", "out_lse", "workspace")
-_PAGED_DECODE = Op("paged_decode", _ARRAYS, ("layout", "scale", "softcap", "window", "return_lse"),
+_ARRAYS = ("q", "k_pool", "v_pool", "block_table", "seq_lens", "sinks", "k_scale", "v_scale", "out", "out_lse",
+           "workspace")
+_PAGED_DECODE = Op("paged_decode", _ARRAYS,
+                   ("layout", "scale", "softcap", "window", "return_lse", "k_scale", "v_scale"),
                    outputs=("out", "out_lse"), validate=_validate_decode,
-                   bind=lambda binding, a, checked, *options: bind_decode(binding, a, checked))
+                   bind=lambda binding, a, checked, *options: bind_decode(binding, a, checked),
+                   number_or_array=("k_scale", "v_scale"))
 
 
 def paged_decode_workspace_bytes(q, k_pool, v_pool, block_table, *, layout="HND", device=None) -> int:
@@ -145,19 +150,24 @@ def paged_decode_workspace_bytes(q, k_pool, v_pool, block_table, *, layout="HND"
     a = dict.fromkeys(_ARRAYS)
     a.update(q=q, k_pool=k_pool, v_pool=v_pool, block_table=block_table, seq_lens=np.zeros(q.shape[0], np.int32))
     src = paged_source("paged_decode", a, layout)
-    checked = validate_decode("paged_decode", a, src, None, 0.0, None, False, False, device or default_device())
+    scales = [1.0 if is_fp8(p.dtype) else None for p in (k_pool, v_pool)]  # the plan ignores their values
+    checked = validate_decode("paged_decode", a, src, None, 0.0, None, False, *scales, False,
+                              device or default_device())
     return checked.plan.workspace_bytes
 
 
 def paged_decode(q, k_pool, v_pool, block_table, seq_lens, *, layout="HND", scale=None, softcap=0.0, window=None,
-                 sinks=None, return_lse: bool = False, out=None, out_lse=None, workspace=None, stream=None):
+                 sinks=None, k_scale=None, v_scale=None, return_lse: bool = False, out=None, out_lse=None,
+                 workspace=None, stream=None):
     """decode() over paged pools: row b's key j lives in page block_table[b, j // page_size]
     at offset j % page_size. block_table: int32 [B, max_pages]; a row holds at most
     max_pages * page_size keys (its capacity). Every other argument and the result are as
     in decode(). A page id outside the pool is skipped and reported as a DeviceFault after
-    synchronization (NumPy calls check the ids a row reads on the host first: ValueError)."""
-    return _PAGED_DECODE((q, k_pool, v_pool, block_table, seq_lens, sinks, out, out_lse, workspace),
-                         (layout, scale, softcap, window, return_lse), stream)
+    synchronization (NumPy calls check the ids a row reads on the host first: ValueError).
+    fp8 pools take k_scale / v_scale as decode() does; per-token scales are shaped like the
+    pools less their last axis ([pages, Hkv, page_size] for "HND")."""
+    return _PAGED_DECODE((q, k_pool, v_pool, block_table, seq_lens, sinks, k_scale, v_scale, out, out_lse,
+                          workspace), (layout, scale, softcap, window, return_lse, k_scale, v_scale), stream)
 
 
 paged_kv_append.op, paged_decode.op = _PAGED_KV_APPEND, _PAGED_DECODE

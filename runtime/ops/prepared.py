@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import numbers
 import threading
 
 import numpy as np
@@ -214,7 +215,8 @@ class Op:
     """An op's argument names and its validate / bind functions; calling it runs the op."""
 
     def __init__(self, name: str, arrays: tuple[str, ...], options: tuple[str, ...], *, validate, bind,
-                 outputs: tuple[str, ...] = (), in_place: tuple[str, ...] = (), extra_key=None) -> None:
+                 outputs: tuple[str, ...] = (), in_place: tuple[str, ...] = (), extra_key=None,
+                 number_or_array: tuple[str, ...] = ()) -> None:
         self.name, self.arrays, self.options = name, arrays, options
         self.index = {n: i for i, n in enumerate(arrays)}
         self.workspace_index = self.index.get("workspace", -1)
@@ -222,6 +224,9 @@ class Op:
         self.outputs = outputs    # arrays the op only writes (never uploaded from the host)
         self.in_place = in_place  # arrays the op updates (copied back into NumPy arrays)
         self.extra_key = extra_key  # op-specific key parts beyond the metas (merge_states' gaps)
+        # Arguments that are a number (an option) or an array (fp8 scales): named among both the
+        # arrays and the options, and given in both places; _route keeps each in one.
+        self.routes = tuple((self.index[n], options.index(n)) for n in number_or_array)
 
     def named(self, arrays) -> dict:
         return dict(zip(self.arrays, arrays))
@@ -288,8 +293,20 @@ class Op:
             self.bind(binding, named, checked, *options)
         return binding
 
+    def _route(self, args: tuple, options: tuple) -> tuple[tuple, tuple]:
+        """A number (bools too: validation refuses them) stays an option, anything else an array."""
+        args, options = list(args), list(options)
+        for i, j in self.routes:
+            if isinstance(args[i], (numbers.Number, np.number)):
+                args[i] = None
+            else:
+                options[j] = None
+        return tuple(args), tuple(options)
+
     # ---- calls -------------------------------------------------------------------------------
     def __call__(self, args: tuple, options: tuple, stream):
+        if self.routes:
+            args, options = self._route(args, options)
         st = stream if type(stream) is Stream else as_stream(stream)
         metas = []
         for a in args:  # the common case, every array a DeviceArray: nothing to import
@@ -356,6 +373,8 @@ class Op:
 
     # ---- prepared calls ----------------------------------------------------------------------
     def prepare(self, args: tuple, options: tuple, stream) -> "Prepared":
+        if self.routes:
+            args, options = self._route(args, options)
         st = as_stream(stream)
         arrays, on_host = self._device_arrays(args, st)
         if on_host:
