@@ -19,8 +19,6 @@ cache.
 """
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 
 import ptxattn
@@ -91,7 +89,7 @@ def run(args) -> list[dict]:
         dev_lens, out = upload(lens), ptxattn.empty((b, HQ, 1, D), BF16)
         # Made before the captures (paged pools of the same capacity plan the same workspace);
         # big enough for the fp8 plan too, which splits rows into more pieces.
-        fp8_like = [SimpleNamespace(shape=t.shape, dtype=np.dtype(FP8)) for t in host_sets[0][1:]]
+        fp8_like = [np.broadcast_to(np.zeros((), FP8), t.shape) for t in host_sets[0][1:]]  # shapes only
         workspace_bytes = max(ptxattn.decode_workspace_bytes(*sets[0]), ptxattn.decode_workspace_bytes(sets[0][0], *fp8_like))
         workspace = ptxattn.empty((max(workspace_bytes, 1),), np.uint8)
         moved = 2 * HKV * D * 2 * live + 2 * b * HQ * D * 2
