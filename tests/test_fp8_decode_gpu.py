@@ -12,11 +12,12 @@ import pytest
 import ptxattn
 from ptxattn import reference
 from ptxattn.context import on_device
+from ptxattn.module import loaded_arch
 from ptxattn.ops.decode import plan_decode
 
 from decode_util import (FP8, FP8_IDS, FP8_NAN, GuardedAttention, check_attention, fp8_cache, paginate, rand,
                          scale_to_layout, to_layout)
-from gpu_util import relative_error
+from gpu_util import REL_TOL, relative_error
 
 pytestmark = pytest.mark.gpu
 
@@ -189,3 +190,25 @@ def test_quantization_error(rng, fp8, per_token):
     print(f"\nfp8 {fp8} {'per-token' if per_token else 'per-tensor'} scales: relative error {error:.4f} "
           f"against the unquantized cache")
     assert error < {FP8[0]: 0.08, FP8[1]: 0.15}[fp8]
+
+
+def test_e4m3_nan_in_live_values(rng):
+    """An e4m3fn NaN byte (0x7f) among the live values: NaN in its column of every head's
+    output where the arch converts in hardware (sm_89+), 480 times the scale before it (the
+    bit-trick conversion), as decode's docstring says; every other column as the reference."""
+    fp8, hq, hkv, d, cap = FP8[0], 4, 1, 128, 64
+    q = rand(rng, (1, hq, 1, d), ptxattn.bfloat16)
+    k, k_scale, k_ref = fp8_cache(rng, 1, hkv, cap, d, fp8, [cap], per_token=False)
+    v, v_scale, v_ref = fp8_cache(rng, 1, hkv, cap, d, fp8, [cap], per_token=False)
+    v.view(np.uint8)[0, 0, 10, 5] = FP8_NAN
+    hardware_cvt = int(loaded_arch(ptxattn.get_device(0), "decode")[3:5]) >= 89
+    v_ref[0, 0, 10, 5] = np.nan if hardware_cvt else 480.0 * v_scale
+    guard = GuardedAttention(rng, (1, hq, 1, d), ptxattn.bfloat16)
+    lens = ptxattn.asarray(np.array([cap], np.int32))
+    ptxattn.decode(ptxattn.asarray(q), ptxattn.asarray(k), ptxattn.asarray(v), lens, k_scale=k_scale, v_scale=v_scale,
+                   out=guard.o.array)
+    o = guard.o.check(nan_allowed=True).astype(np.float64)
+    want = reference.decode(q, k_ref, v_ref, [cap])[0]
+    assert np.array_equal(np.isnan(o), np.isnan(want)), f"NaN at {np.argwhere(np.isnan(o))[:4].tolist()}"
+    live = ~np.isnan(want)
+    assert relative_error(o[live], want[live]) <= REL_TOL[ptxattn.bfloat16]
