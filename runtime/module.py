@@ -69,7 +69,7 @@ def _shipped_archs() -> tuple[str, ...]:
 @functools.lru_cache(maxsize=None)
 def ptx_arch(device: Device) -> str:
     """The arch whose PTX `device` loads: PTXATTN_ARCH when set, else the device's own
-    (sm_XY of its compute capability). Read once per device, at its first kernel: the modules
+    (sm_XY of its compute capability). Read once per device, at first use, since the modules
     loaded then stay for the process. Each family loads its highest arch not above this one
     (`loaded_arch`; `Kernel.arch` records it)."""
     return target_arch(os.environ.get(ARCH_ENV), device, _shipped_archs())
