@@ -1,6 +1,7 @@
 """ptxattn: attention kernels precompiled to PTX, run through the CUDA driver API on NumPy
 and device arrays."""
 from . import reference  # the float64 oracle that defines every op
+from .arch import ArchSettingError
 from .array import DeviceArray, asarray, empty, from_dlpack, zeros
 from .context import on_device
 from .device import Device, device_count, get_device
@@ -9,7 +10,7 @@ from .dtypes import bfloat16
 from .faults import DeviceFault, check_faults
 from .graph import Graph, capture
 from .memory import CaptureAllocationError, OutOfMemoryError, WorkspaceLayout
-from .module import PtxLoadError
+from .module import PtxLoadError, ptx_arch
 from .ops.attention import sdpa
 from .ops.decode import decode, decode_workspace_bytes
 from .ops.kv_cache import kv_append

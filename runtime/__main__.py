@@ -12,8 +12,9 @@ def info() -> None:
     """What the package carries (PTX archs per kernel family, PTX ISA, the driver it needs),
     then the driver and each device: the PTX it loads and whether a probe kernel runs."""
     from . import __version__, device_count, get_device
+    from .arch import ARCH_ENV
     from .driver import driver_version
-    from .module import loaded_arch, manifest
+    from .module import loaded_arch, manifest, ptx_arch
 
     m = manifest()
     need = m["min_driver_cuda_version"]
@@ -28,9 +29,10 @@ def info() -> None:
     for ordinal in range(device_count()):
         dev = get_device(ordinal)
         archs = sorted({loaded_arch(dev, fam) or "none" for fam in m["families"]})
+        chosen = f" ({ARCH_ENV}={ptx_arch(dev)})" if ptx_arch(dev) != dev.arch else ""
         print(f"device {ordinal}: {dev.name}, compute capability {dev.compute_capability[0]}."
               f"{dev.compute_capability[1]}, {dev.sm_count} SMs, {dev.total_memory / 2**30:.1f} GiB; "
-              f"loads PTX for {', '.join(archs)}; probe kernel {_run_probe(dev)}")
+              f"loads PTX for {', '.join(archs)}{chosen}; probe kernel {_run_probe(dev)}")
 
 
 def _run_probe(dev) -> str:
@@ -59,6 +61,7 @@ def demo(args) -> None:
 
 def main(argv=None) -> int:
     from . import __version__
+    from .arch import ArchSettingError
     from .driver import CudaUnavailableError
     from .demo import add_arguments as demo_arguments
     from .module import PtxLoadError
@@ -78,7 +81,7 @@ def main(argv=None) -> int:
     try:
         fn, options = commands[args.command]
         fn(args) if options is not None else fn()
-    except (CudaUnavailableError, PtxLoadError) as exc:
+    except (CudaUnavailableError, PtxLoadError, ArchSettingError) as exc:
         print(f"ptxattn {args.command}: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -195,7 +195,7 @@ def run(args) -> None:
         stream = ptxattn.Stream.create()
         model = _Model(args, stream)
         kind = "paged (16-token pages)" if args.paged else "contiguous"
-        print(f"device:   {dev.name}, {dev.sm_count} SMs")
+        print(f"device:   {dev.name}, {dev.sm_count} SMs, PTX for {ptxattn.ptx_arch(dev)}")
         print(f"model:    {args.layers} layers, B{args.batch} Hq{args.heads} Hkv{args.kv_heads} D{args.head_dim} "
               f"bf16, {kind} KV cache of {args.capacity}, prompt {args.prompt} (prefilled by sdpa), "
               f"{args.steps} tokens a mode")

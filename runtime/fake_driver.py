@@ -156,8 +156,11 @@ class _FakeHotPath:
         return False
 
 
-def install() -> None:
-    """Replace the driver for the rest of this process (call before ptxattn uses it)."""
+def install(compute_capability: tuple[int, int] = (9, 0)) -> None:
+    """Replace the driver for the rest of this process (call before ptxattn uses it); its
+    device reports `compute_capability` (an H200's by default)."""
+    _ATTRIBUTES[_A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR], \
+        _ATTRIBUTES[_A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR] = compute_capability
     for name, fn in _FUNCTIONS.items():
         setattr(cu, name, fn)
     from . import driver

@@ -3,25 +3,28 @@
 `ptx/manifest.json` (written by scripts/build_ptx.py) lists every family, the archs it was
 built for and its kernels. For a device of compute capability X.Y we load the highest arch
 not above it (`sm_90a` only on exactly 9.0), lazily, once per context, with the JIT error
-log in the exception if the driver rejects it.
+log in the exception if the driver rejects it. PTXATTN_ARCH=sm_XY makes that choice as a
+device of compute capability X.Y would (see arch.py).
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import json
+import os
 import threading
 from importlib import resources
 
+from .arch import ARCH_ENV, arch_for, arch_key, capability, target_arch
 from .device import Device
 from .driver import CudaError, call, cu, driver_version, hot
 from .stream import Stream
 
-__all__ = ["ParamStruct", "Kernel", "get_kernel", "manifest", "arch_for", "loaded_arch", "PtxLoadError"]
+__all__ = ["ParamStruct", "Kernel", "get_kernel", "manifest", "arch_for", "ptx_arch", "loaded_arch", "PtxLoadError"]
 
 
 class PtxLoadError(RuntimeError):
-    """The driver could not load a PTX module; the message carries its JIT log."""
+    """No PTX fits the device, or the driver could not load it (the message carries its JIT log)."""
 
 
 class ParamStruct(ctypes.Structure):
@@ -55,20 +58,21 @@ def _kernel_family() -> dict[str, str]:
     return {name: fam for fam, info in manifest()["families"].items() for name in info["kernels"]}
 
 
-def _arch_key(arch: str) -> tuple[int, bool]:
-    digits = arch[3:].rstrip("a")
-    return int(digits), arch.endswith("a")
+@functools.lru_cache(maxsize=None)
+def _shipped_archs() -> tuple[str, ...]:
+    """The archs the manifest lists whose ptx/<arch> folder is in the installed package."""
+    root = resources.files("ptxattn.ptx")
+    listed = {arch for info in manifest()["families"].values() for arch in info["archs"]}
+    return tuple(sorted((arch for arch in listed if (root / arch).is_dir()), key=arch_key))
 
 
-def arch_for(compute_capability: tuple[int, int], archs) -> str | None:
-    """Highest PTX arch loadable on a device of this compute capability (None if none is)."""
-    cc = compute_capability[0] * 10 + compute_capability[1]
-    usable = []
-    for arch in archs:
-        number, arch_specific = _arch_key(arch)
-        if (number == cc) if arch_specific else (number <= cc):
-            usable.append(arch)
-    return max(usable, key=_arch_key, default=None)
+@functools.lru_cache(maxsize=None)
+def ptx_arch(device: Device) -> str:
+    """The arch whose PTX `device` loads: PTXATTN_ARCH when set, else the device's own
+    (sm_XY of its compute capability). Read once per device, at first use, since the modules
+    loaded then stay for the process. Each family loads its highest arch not above this one
+    (`loaded_arch`; `Kernel.arch` records it)."""
+    return target_arch(os.environ.get(ARCH_ENV), device, _shipped_archs())
 
 
 def _check_driver_version() -> None:
@@ -87,13 +91,13 @@ _J = cu.CUjit_option
 
 
 def _load_module(device: Device, family: str):
-    info = manifest()["families"][family]
-    arch = arch_for(device.compute_capability, info["archs"])
+    arch = loaded_arch(device, family)
     if arch is None:
-        raise PtxLoadError(
-            f"no PTX of family {family!r} runs on {device.name} (compute capability "
-            f"{device.compute_capability[0]}.{device.compute_capability[1]}); built for {', '.join(info['archs'])}"
-        )
+        major, minor = device.compute_capability
+        target = ptx_arch(device)
+        target = f"{ARCH_ENV}={target}" if target != device.arch else f"compute capability {major}.{minor}"
+        raise PtxLoadError(f"no PTX of family {family!r} runs on {device.name} ({target}); built for "
+                           f"{', '.join(manifest()['families'][family]['archs'])}")
     _check_driver_version()
     ptx = (resources.files("ptxattn.ptx") / arch / f"{family}.ptx").read_bytes()
     return load_ptx(ptx, f"ptx/{arch}/{family}.ptx", device), arch
@@ -185,5 +189,6 @@ def get_kernel(name: str, device: Device) -> Kernel:
 
 
 def loaded_arch(device: Device, family: str) -> str | None:
-    """Which arch of `family` a device would load (None if none fits)."""
-    return arch_for(device.compute_capability, manifest()["families"][family]["archs"])
+    """Which arch of `family` a device would load (None if none fits), as a device of
+    `ptx_arch(device)` would."""
+    return arch_for(capability(ptx_arch(device)), manifest()["families"][family]["archs"])

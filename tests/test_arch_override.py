@@ -1,0 +1,119 @@
+"""PTXATTN_ARCH without a GPU: the check of its value, and (through arch_override_probe.py, one
+fake-driver process each) which PTX the driver is asked to load and which kernels launch."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ptxattn import module
+from ptxattn.arch import ARCH_ENV, ArchSettingError, target_arch
+from ptxattn.device import Device
+
+SHIPPED = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
+H200 = Device(0, "H200", (9, 0), 132, 141 << 30, 232448, 60 << 20)
+RTX_3090 = Device(0, "RTX 3090", (8, 6), 82, 24 << 30, 101376, 6 << 20)
+OVERRIDES = ["sm_80", "sm_86", "sm_89"]  # the non-Hopper PTX an H200 can JIT
+
+
+@functools.cache  # each probe is a fresh process (~1 s); the answer does not change
+def _probe(arch: str | None, cc: str = "9.0") -> dict:
+    env = {key: value for key, value in os.environ.items() if key != ARCH_ENV}
+    if arch is not None:
+        env[ARCH_ENV] = arch
+    script = Path(__file__).with_name("arch_override_probe.py")
+    done = subprocess.run([sys.executable, str(script), cc], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+# ---- the value's check -----------------------------------------------------------------
+@pytest.mark.parametrize("requested", [None, ""])
+def test_unset_is_the_devices_own_arch(requested):
+    assert target_arch(requested, H200, SHIPPED) == "sm_90"
+    assert target_arch(requested, RTX_3090, SHIPPED) == "sm_86"
+
+
+@pytest.mark.parametrize("requested", SHIPPED)
+def test_every_shipped_arch_up_to_the_device_is_accepted(requested):
+    assert target_arch(requested, H200, SHIPPED) == requested
+
+
+@pytest.mark.parametrize("requested, why", [
+    ("ampere", "not an arch name like sm_86"),
+    ("80", "not an arch name like sm_86"),
+    ("SM_80", "not an arch name like sm_86"),
+    ("sm_87", "ptxattn ships no ptx/sm_87 folder"),
+    ("sm_100", "ptxattn ships no ptx/sm_100 folder"),
+])
+def test_unknown_arch_names_the_setting_what_it_expects_and_what_came(requested, why):
+    with pytest.raises(ArchSettingError) as info:
+        target_arch(requested, H200, SHIPPED)
+    assert str(info.value) == (f"PTXATTN_ARCH: expected one of the shipped PTX archs H200 can run "
+                               f"(sm_80, sm_86, sm_89, sm_90, sm_90a); got {requested!r}: {why}")
+
+
+@pytest.mark.parametrize("requested", ["sm_89", "sm_90", "sm_90a"])
+def test_arch_newer_than_the_device_is_refused(requested):
+    with pytest.raises(ArchSettingError, match=rf"^PTXATTN_ARCH: expected one of the shipped PTX archs RTX 3090 "
+                                               rf"can run \(sm_80, sm_86\); got '{requested}': RTX 3090 \(compute "
+                                               rf"capability 8\.6\) cannot run it: the driver JIT-compiles PTX "
+                                               rf"forward only"):
+        target_arch(requested, RTX_3090, SHIPPED)
+
+
+def test_a_listed_arch_whose_folder_is_missing_is_not_shipped(tmp_path, monkeypatch):
+    """An install that lost ptx/sm_86 (the manifest still lists it) refuses PTXATTN_ARCH=sm_86."""
+    for arch in SHIPPED:
+        if arch != "sm_86":
+            (tmp_path / arch).mkdir()
+    module.manifest()  # read (and cached) from the real package first
+    monkeypatch.setattr(module.resources, "files", lambda package: tmp_path)
+    module._shipped_archs.cache_clear()
+    try:
+        assert module._shipped_archs() == ("sm_80", "sm_89", "sm_90", "sm_90a")
+        with pytest.raises(ArchSettingError, match="got 'sm_86': ptxattn ships no ptx/sm_86 folder"):
+            target_arch("sm_86", H200, module._shipped_archs())
+    finally:
+        module._shipped_archs.cache_clear()
+
+
+# ---- what the driver is asked to load (fake driver) -------------------------------------
+def test_unset_loads_the_best_match_and_the_wgmma_kernel():
+    got = _probe(None)
+    launched = dict(got["launched"])
+    assert got["ptx_arch"] == "sm_90"
+    assert launched.pop("flash_fwd_sm90_bf16_d128") == "sm_90a"
+    assert set(launched.values()) == {"sm_90"}, got
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
+def test_naming_the_devices_own_arch_changes_nothing(arch):
+    assert _probe(arch)["launched"] == _probe(None)["launched"]
+
+
+@pytest.mark.parametrize("arch", OVERRIDES)
+def test_override_loads_only_that_archs_ptx(arch):
+    """Every kernel sdpa, decode and paged_decode launch comes from ptx/<arch>; sdpa runs the
+    mma.sync kernel, as a device of that arch would, not the sm_90a wgmma one."""
+    got = _probe(arch)
+    assert got["ptx_arch"] == arch
+    assert set(got["launched"].values()) == {arch}, got
+    assert "flash_fwd_bf16_d128" in got["launched"]
+    assert {"decode_split_bf16_d128", "decode_split_bf16_d64"} <= got["launched"].keys()
+
+
+@pytest.mark.parametrize("arch, cc, why", [
+    ("sm_75", "9.0", "ptxattn ships no ptx/sm_75 folder"),
+    ("hopper", "9.0", "not an arch name"),
+    ("sm_89", "8.6", "cannot run it"),
+])
+def test_bad_setting_raises_at_the_first_op_call(arch, cc, why):
+    got = _probe(arch, cc)
+    assert got["error"] == "ArchSettingError" and got["raised_by"] == "sdpa", got
+    assert got["message"].startswith("PTXATTN_ARCH: expected one of") and why in got["message"], got

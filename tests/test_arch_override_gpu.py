@@ -1,0 +1,95 @@
+"""PTXATTN_ARCH on the GPU: the kernels sdpa and decode (bf16, and an fp8 cache: software
+conversion below sm_89, hardware from sm_89) launch are the ones the driver JIT-compiled from
+the chosen arch's PTX, and their results match the float64 reference. The first test checks
+whatever arch this process loads; the others run it in a fresh process per shipped non-Hopper
+arch (the choice holds for a process), so the default GPU suite covers sm_80, sm_86 and sm_89.
+`PTXATTN_ARCH=sm_80 python -m pytest -m gpu tests/...` runs any GPU test file that way."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ptxattn
+from ptxattn import reference
+from ptxattn.arch import ARCH_ENV, arch_key, runs_on
+from ptxattn.context import on_device
+from ptxattn.driver import call, cu
+from ptxattn.module import get_kernel, loaded_arch
+
+from decode_util import FP8, check_attention, fp8_cache, nan_tail_cache, rand
+
+pytestmark = pytest.mark.gpu
+
+BF16 = ptxattn.bfloat16
+OVERRIDES = ["sm_80", "sm_86", "sm_89"]
+_FA = cu.CUfunction_attribute
+
+
+def _version(function, attribute) -> int:
+    return call(cu.cuFuncGetAttribute, attribute, function)
+
+
+def _run_sdpa_and_decode(rng) -> None:
+    """An sdpa call the wgmma kernel takes on sm_90 (bf16, d128, aligned, no mask), and decode
+    over a bf16 and an e4m3 cache, each checked against the reference."""
+    q, k, v = (rand(rng, (1, 2, 300, 128), BF16) for _ in range(3))
+    check_attention(*ptxattn.sdpa(q, k, v, return_lse=True), *reference.sdpa(q, k, v), BF16)
+    lens = [1, 517, 700]
+    q = rand(rng, (3, 8, 1, 128), BF16)
+    k, v = (nan_tail_cache(rng, 3, 2, 700, 128, BF16, lens) for _ in range(2))
+    check_attention(*ptxattn.decode(q, k, v, np.asarray(lens, np.int32), return_lse=True),
+                    *reference.decode(q, k, v, lens), BF16)
+    (k8, k_scale, k_ref), (v8, v_scale, v_ref) = (fp8_cache(rng, 3, 2, 700, 128, FP8[0], lens, False)
+                                                  for _ in range(2))
+    check_attention(*ptxattn.decode(q, k8, v8, np.asarray(lens, np.int32), k_scale=k_scale, v_scale=v_scale,
+                                    return_lse=True), *reference.decode(q, k_ref, v_ref, lens), BF16)
+
+
+def test_kernels_are_jit_compiled_from_the_chosen_arch(rng, monkeypatch):
+    device = ptxattn.get_device(0)
+    launched = []  # the functions the driver was asked to launch
+    launch = cu.cuLaunchKernel
+
+    def recording_launch(function, *args):
+        launched.append(function)
+        return launch(function, *args)
+
+    monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
+    _run_sdpa_and_decode(rng)
+
+    wgmma = loaded_arch(device, "flash_fwd_sm90") is not None
+    if ptxattn.ptx_arch(device) != device.arch:
+        assert not wgmma, "the sm_90a wgmma kernels must not load under an older PTXATTN_ARCH"
+    sdpa_kernel = ("flash_fwd_sm90_bf16_d128", "flash_fwd_sm90") if wgmma else ("flash_fwd_bf16_d128", "flash_fwd")
+    expected = dict([sdpa_kernel, ("decode_split_bf16_d128", "decode"), ("decode_split_bf16_e4m3_d128", "decode")])
+    handles = {int(function) for function in launched}
+    major, minor = device.compute_capability
+    with on_device(device):
+        for name, family in expected.items():
+            kernel = get_kernel(name, device)
+            assert int(kernel.function) in handles, f"{name} did not run"
+            assert kernel.arch == loaded_arch(device, family)
+        ptx = {arch_key(loaded_arch(device, family))[0] for family in {*expected.values(), "merge"}}
+        for function in launched:  # the split merges too: every kernel launched was JIT-compiled from that PTX
+            versions = _version(function, _FA.CU_FUNC_ATTRIBUTE_PTX_VERSION), \
+                _version(function, _FA.CU_FUNC_ATTRIBUTE_BINARY_VERSION)
+            assert versions[0] in ptx and versions[1] == 10 * major + minor, \
+                f"PTX / binary versions {versions}, expected PTX one of {sorted(ptx)} JIT-compiled to {major}{minor}"
+
+
+@pytest.mark.parametrize("arch", OVERRIDES)
+def test_each_shipped_arch_in_a_fresh_process(arch):
+    if os.environ.get(ARCH_ENV):
+        pytest.skip(f"this run is the {ARCH_ENV}={os.environ[ARCH_ENV]} pass; the per-arch processes run in the "
+                    f"default one")
+    device = ptxattn.get_device(0)
+    if not runs_on(arch, device.compute_capability):
+        pytest.skip(f"{device.name} (compute capability {device.compute_capability}) cannot run {arch} PTX")
+    test = f"{__file__}::test_kernels_are_jit_compiled_from_the_chosen_arch"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                          capture_output=True, text=True, env={**os.environ, ARCH_ENV: arch}, timeout=600)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
