@@ -156,7 +156,12 @@ def _check(case: Case, got_o, got_lse, q, k, v, mask, sinks) -> None:
     ref_o, ref_lse = reference.sdpa(q, k, v, attn_mask=mask, sinks=sinks, **_options(case))
     got_o = np.asarray(got_o).astype(np.float64)
     assert got_o.shape == ref_o.shape
-    assert relative_error(got_o, ref_o) <= NORM[case.dtype]
+    # Relative to the norm, unless the output cancels (an average of many values of both signs,
+    # e.g. d 1 over 1000 keys): then to a tenth of the average of their magnitudes, which
+    # carries the rounding of 16-bit P (the element-wise bound below still holds it).
+    ref_magnitude = reference.sdpa(q, k, np.abs(v.astype(np.float64)), attn_mask=mask, sinks=sinks, **_options(case))[0]
+    size = max(np.linalg.norm(ref_o), 0.1 * np.linalg.norm(ref_magnitude)) or 1.0
+    assert np.linalg.norm(got_o - ref_o) <= NORM[case.dtype] * size, f"relative error {relative_error(got_o, ref_o):.3g}"
     vmax = float(np.abs(v.astype(np.float64)).max()) if v.size else 0.0
     bound = ABS[case.dtype] * vmax + REL[case.dtype] * np.abs(ref_o)
     worst = np.abs(got_o - ref_o) - bound
