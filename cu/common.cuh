@@ -29,6 +29,7 @@ enum FaultCode : int {
   FAULT_PAST_CAPACITY = 2,       // seq_lens[b] (+ appended tokens) > capacity
   FAULT_SLOT_OUT_OF_RANGE = 3,   // slot_mapping entry outside the pool
   FAULT_NEGATIVE_LENGTH = 4,     // seq_lens[b] < 0
+  FAULT_BAD_OFFSETS = 5,         // cu_seqlens / qo_indptr decreasing, negative or past the packed rows
 };
 
 __device__ __forceinline__ void raise_fault(int* fault, int code, int row, int value) {

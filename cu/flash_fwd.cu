@@ -1,9 +1,12 @@
 // Scaled dot-product attention forward (FlashAttention-2 style).
 //
 //   q [B, Hq, Sq, Dqk], k [B, Hkv, Skv, Dqk], v [B, Hkv, Skv, Dv] -> o [B, Hq, Sq, Dv]
-//   lse [B, Hq, Sq] fp32 (natural log, contiguous), optional.
+//   lse [B, Hq, Sq] fp32 (natural log), optional.
+//   Serving batches (ops/ragged.py): packed q [Nq, Hq, Dqk] / o / lse by cu_seqlens_q, keys
+//   packed by cu_seqlens_k or paged through a block table (flash_fwd_common.cuh).
 //
-// Grid: x = query block (reversed when heavy_first), y = query head, z = batch.
+// Grid: x = query block (reversed when heavy_first; a serving batch's tiles), y = query
+// head, z = batch.
 // f16/bf16: tensor cores (mma.sync m16n8k16, fp32 accumulate); each warp owns 16 or 32
 // query rows (one or two m16 tiles) whose Q fragments stay in registers or are re-read
 // from shared memory; K/V tiles stream through a cp.async ring of STAGES buffers; P is
@@ -67,6 +70,24 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, long long row_stride
   }
 }
 
+// As load_tile, for a paged pool: row r is key n0 + r of sequence b (vector_io only).
+template <class T, int ROWS, int COLS, int NT>
+__device__ __forceinline__ void load_paged_tile(T* s, const FlashFwdParams& p, const T* pool, long long page_stride,
+                                                long long tok_stride, int b, int n0, int rows_valid,
+                                                int cols_valid, int tid) {
+  constexpr int kChunksPerRow = COLS / 8;
+  constexpr int kChunks = ROWS * kChunksPerRow;
+  static_assert(kChunks % NT == 0, "tile chunks must split evenly over the threads");
+#pragma unroll
+  for (int it = 0; it < kChunks / NT; ++it) {
+    const int c = it * NT + tid;
+    const int r = c / kChunksPerRow, chunk = c % kChunksPerRow;
+    const T* row = r < rows_valid ? paged_row(p, pool, page_stride, tok_stride, b, n0 + r) : nullptr;
+    const bool read = row != nullptr && chunk * 8 < cols_valid;
+    cp_async_16_or_zero(s + r * COLS + swizzle(r, chunk) * 8, read ? row + chunk * 8 : pool, read);
+  }
+}
+
 __device__ __forceinline__ long long mask_offset(const FlashFwdParams& p, int b, int h, int i,
                                                  int j) {
   return b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_query_stride +
@@ -74,9 +95,9 @@ __device__ __forceinline__ long long mask_offset(const FlashFwdParams& p, int b,
 }
 
 // Scaled, softcapped, masked score in the base-2 domain (-inf = not attended).
-__device__ __forceinline__ float score_log2(const FlashFwdParams& p, const KeyWindow& win,
+__device__ __forceinline__ float score_log2(const FlashFwdParams& p, const SeqTile& st, const KeyWindow& win,
                                             float dot, int b, int h, int i, int j) {
-  if (j >= p.seq_kv || i >= p.seq_q || !key_visible(win, i, j)) return neg_inf();
+  if (j >= st.seq_kv || i >= st.seq_q || !key_visible(win, i, j)) return neg_inf();
   float x = apply_softcap(dot * p.scale, p.softcap) * kLog2e;
   if (p.mask_kind != MASK_NONE) x += mask_bias_log2(p.mask_kind, p.mask, mask_offset(p, b, h, i, j));
   return x;
@@ -131,31 +152,39 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   T* sq = Tile::Q_IN_STAGE ? stages + (STAGES - 1) * STAGE_ELEMS : stages + STAGES * STAGE_ELEMS;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int num_blocks = (p.seq_q + BR - 1) / BR;
-  const int m0 = (p.heavy_first ? num_blocks - 1 - int(blockIdx.x) : int(blockIdx.x)) * BR;
-  const int h = blockIdx.y, b = blockIdx.z;
+  SeqTile st;
+  if (!resolve_tile<BR>(p, st)) return;
+  const int m0 = st.m0, seq_q = st.seq_q, seq_kv = st.seq_kv;
+  const int h = blockIdx.y, b = st.b;
   const int hk = h / (p.heads_q / p.heads_kv);
-  const int rows = min(BR, p.seq_q - m0);
+  const int rows = min(BR, seq_q - m0);
   const bool vector_io = p.vector_io != 0;
-  const KeyWindow win{p.diag_offset, p.window_left, p.window_right};
+  const KeyWindow win{st.diag_offset, p.window_left, p.window_right};
 
   const T* gq = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
-                m0 * p.q_seq_stride;
+                (st.q_tok0 + m0) * p.q_seq_stride;
 
   int tile_begin, tile_end;
-  key_tile_range<BC>(p, win, m0, m0 + rows - 1, tile_begin, tile_end);
+  key_tile_range<BC>(seq_kv, win, m0, m0 + rows - 1, tile_begin, tile_end);
 
   auto load_kv = [&](int stage, int tile) {
     const int n0 = tile * BC;
     T* sk = stages + stage * STAGE_ELEMS;
+    if (p.block_table != nullptr) {  // paged: the batch strides step pages
+      load_paged_tile<T, BC, DQK, NT>(sk, p, static_cast<const T*>(p.k) + hk * p.k_head_stride,
+                                      p.k_batch_stride, p.k_seq_stride, b, n0, seq_kv - n0, p.dim_qk, tid);
+      load_paged_tile<T, BC, DV, NT>(sk + BC * DQK, p, static_cast<const T*>(p.v) + hk * p.v_head_stride,
+                                     p.v_batch_stride, p.v_seq_stride, b, n0, seq_kv - n0, p.dim_v, tid);
+      return;
+    }
     // Recomputed from the parameters each time: cheaper than two 64-bit registers held
     // through the key loop.
-    const T* gk = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
-    const T* gv = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
-    load_tile<T, BC, DQK, NT>(sk, gk + n0 * p.k_seq_stride, p.k_seq_stride, p.seq_kv - n0,
-                              p.dim_qk, vector_io, tid);
-    load_tile<T, BC, DV, NT>(sk + BC * DQK, gv + n0 * p.v_seq_stride, p.v_seq_stride,
-                             p.seq_kv - n0, p.dim_v, vector_io, tid);
+    const T* gk = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride +
+                  (st.k_tok0 + n0) * p.k_seq_stride;
+    const T* gv = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride +
+                  (st.k_tok0 + n0) * p.v_seq_stride;
+    load_tile<T, BC, DQK, NT>(sk, gk, p.k_seq_stride, seq_kv - n0, p.dim_qk, vector_io, tid);
+    load_tile<T, BC, DV, NT>(sk + BC * DQK, gv, p.v_seq_stride, seq_kv - n0, p.dim_v, vector_io, tid);
   };
 
   // This thread's accumulator rows: my_row + 16 * mt + 8 * r for m16 tile mt, half r.
@@ -258,9 +287,9 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
           for (int n = 0; n < STILES; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              s[mt][n][e] = score_log2(p, win, s[mt][n][e], b, h, my_row + 16 * mt + (e >> 1) * 8,
+              s[mt][n][e] = score_log2(p, st, win, s[mt][n][e], b, h, my_row + 16 * mt + (e >> 1) * 8,
                                        n0 + n * 8 + 2 * (lane & 3) + (e & 1));
-      } else if (n0 + BC > p.seq_kv || n0 < first_visible_key(win, warp_row0 + WR - 1) ||
+      } else if (n0 + BC > seq_kv || n0 < first_visible_key(win, warp_row0 + WR - 1) ||
                  n0 + BC - 1 > last_visible_key(win, warp_row0)) {
         const int col0 = n0 + 2 * (lane & 3);  // key of s[.][0][0]
 #pragma unroll
@@ -270,7 +299,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
             const int row = my_row + 16 * mt + 8 * r;
             const int lo = clamp_to_tile<BC>(first_visible_key(win, row) - col0);
             const int hi = clamp_to_tile<BC>(
-                min(last_visible_key(win, row), (long long)p.seq_kv - 1) - col0);
+                min(last_visible_key(win, row), (long long)seq_kv - 1) - col0);
 #pragma unroll
             for (int n = 0; n < STILES; ++n)
 #pragma unroll
@@ -337,10 +366,10 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int row = my_row + 16 * mt + 8 * r;
-      if (row >= p.seq_q) continue;
+      if (row >= seq_q) continue;
       const RowResult res = finish_row(p, h, row_max[mt][r], sum);
       T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
-              row * p.o_seq_stride;
+              (st.q_tok0 + row) * p.o_seq_stride;
 #pragma unroll
       for (int d = 0; d < OTILES; ++d) {
         const int col = d * 8 + 2 * (lane & 3);
@@ -353,8 +382,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
           if (col + 1 < p.dim_v) go[col + 1] = from_float<T>(hi);
         }
       }
-      if (p.lse != nullptr && (lane & 3) == 0)
-        p.lse[(static_cast<long long>(b) * p.heads_q + h) * p.seq_q + row] = res.lse;
+      if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, st, h, row, res.lse);
     }
 }
 
@@ -374,23 +402,31 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
   float* sq = sv + 32 * p.dim_v;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int num_blocks = (p.seq_q + F32_WARPS - 1) / F32_WARPS;
-  const int m0 = (p.heavy_first ? num_blocks - 1 - int(blockIdx.x) : int(blockIdx.x)) * F32_WARPS;
-  const int h = blockIdx.y, b = blockIdx.z;
+  SeqTile st;
+  if (!resolve_tile<F32_WARPS>(p, st)) return;
+  const int m0 = st.m0, seq_q = st.seq_q, seq_kv = st.seq_kv;
+  const int h = blockIdx.y, b = st.b;
   const int hk = h / (p.heads_q / p.heads_kv);
   const int row = m0 + warp;
-  const KeyWindow win{p.diag_offset, p.window_left, p.window_right};
+  const KeyWindow win{st.diag_offset, p.window_left, p.window_right};
 
-  const float* gk = static_cast<const float*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
-  const float* gv = static_cast<const float*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
-  if (row < p.seq_q) {
+  const bool paged = p.block_table != nullptr;  // then the batch strides step pages
+  const float* gk = static_cast<const float*>(p.k) + (paged ? 0 : b * p.k_batch_stride + st.k_tok0 * p.k_seq_stride) +
+                    hk * p.k_head_stride;
+  const float* gv = static_cast<const float*>(p.v) + (paged ? 0 : b * p.v_batch_stride + st.k_tok0 * p.v_seq_stride) +
+                    hk * p.v_head_stride;
+  // Key j's row of K or V (null: a page outside the pool, read as zeros).
+  auto key_row = [&](const float* g, long long page_stride, long long seq_stride, int j) -> const float* {
+    return paged ? paged_row(p, g, page_stride, seq_stride, b, j) : g + j * seq_stride;
+  };
+  if (row < seq_q) {
     const float* gq = static_cast<const float*>(p.q) + b * p.q_batch_stride +
-                      h * p.q_head_stride + row * p.q_seq_stride;
+                      h * p.q_head_stride + (st.q_tok0 + row) * p.q_seq_stride;
     for (int d = lane; d < p.dim_qk; d += 32) sq[warp * p.dim_qk + d] = gq[d];
   }
 
   int tile_begin, tile_end;
-  key_tile_range<32>(p, win, m0, min(m0 + F32_WARPS, p.seq_q) - 1, tile_begin, tile_end);
+  key_tile_range<32>(seq_kv, win, m0, min(m0 + F32_WARPS, seq_q) - 1, tile_begin, tile_end);
 
   float acc[F32_MAX_DV / 32];
 #pragma unroll
@@ -402,18 +438,20 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
     __syncthreads();  // previous tile fully consumed (and Q staged, on the first pass)
     for (int x = tid; x < 32 * p.dim_qk; x += 32 * F32_WARPS) {
       const int j = x / p.dim_qk, d = x % p.dim_qk;
-      sk[j * k_pitch + d] = n0 + j < p.seq_kv ? gk[(n0 + j) * p.k_seq_stride + d] : 0.f;
+      const float* g = n0 + j < seq_kv ? key_row(gk, p.k_batch_stride, p.k_seq_stride, n0 + j) : nullptr;
+      sk[j * k_pitch + d] = g != nullptr ? g[d] : 0.f;
     }
     for (int x = tid; x < 32 * p.dim_v; x += 32 * F32_WARPS) {
       const int j = x / p.dim_v, d = x % p.dim_v;
-      sv[j * p.dim_v + d] = n0 + j < p.seq_kv ? gv[(n0 + j) * p.v_seq_stride + d] : 0.f;
+      const float* g = n0 + j < seq_kv ? key_row(gv, p.v_batch_stride, p.v_seq_stride, n0 + j) : nullptr;
+      sv[j * p.dim_v + d] = g != nullptr ? g[d] : 0.f;
     }
     __syncthreads();
-    if (row >= p.seq_q) continue;
+    if (row >= seq_q) continue;
 
     float dot = 0.f;
     for (int d = 0; d < p.dim_qk; ++d) dot = fmaf(sq[warp * p.dim_qk + d], sk[lane * k_pitch + d], dot);
-    const float x = score_log2(p, win, dot, b, h, row, n0 + lane);
+    const float x = score_log2(p, st, win, dot, b, h, row, n0 + lane);
 
     float mx = x;
 #pragma unroll
@@ -439,17 +477,16 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
     }
   }
 
-  if (row >= p.seq_q) return;
+  if (row >= seq_q) return;
   const RowResult res = finish_row(p, h, row_max, row_sum);
   float* go = static_cast<float*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
-              row * p.o_seq_stride;
+              (st.q_tok0 + row) * p.o_seq_stride;
 #pragma unroll
   for (int c = 0; c < F32_MAX_DV / 32; ++c) {
     const int d = lane + 32 * c;
     if (d < p.dim_v) go[d] = res.inv == 0.f ? 0.f : acc[c] * res.inv;
   }
-  if (p.lse != nullptr && lane == 0)
-    p.lse[(static_cast<long long>(b) * p.heads_q + h) * p.seq_q + row] = res.lse;
+  if (p.lse != nullptr && lane == 0) store_lse(p, st, h, row, res.lse);
 }
 
 }  // namespace ptxattn

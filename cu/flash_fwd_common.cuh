@@ -1,6 +1,7 @@
 // What every sdpa forward kernel shares (flash_fwd.cu: mma.sync for sm_80+, and
-// flash_fwd_sm90.cu: wgmma for sm_90a): the parameter struct, the key range a block of
-// query rows visits, and the finished row (normalisation, sinks, LSE).
+// flash_fwd_sm90.cu: wgmma for sm_90a): the parameter struct, which sequence and query rows
+// a block serves (a dense batch row, or a tile of a serving batch), the key range it visits,
+// paged key/value rows, and the finished row (normalisation, sinks, LSE).
 #pragma once
 #include "attention_common.cuh"
 
@@ -15,18 +16,132 @@ struct FlashFwdParams {
   float* lse;          // [B, Hq, Sq] contiguous, or null
   const void* mask;    // read through the four mask strides (0 = broadcast), or null
   const float* sinks;  // [Hq], or null
+  // Serving batches (ops/ragged.py); all null for a dense call. Packed q / o / lse index
+  // their token axis by cu_seqlens_q[b] + row (their batch strides are 0).
+  const int* cu_seqlens_q;  // [B + 1] query offsets
+  const int* cu_seqlens_k;  // [B + 1] key offsets into packed k / v (ragged), or null
+  const int* seq_lens_k;    // [B] live keys of each sequence (paged), or null
+  const int* block_table;   // [B, max_pages] page ids (paged; k / v batch strides step pages)
+  int* fault;
   long long q_batch_stride, q_head_stride, q_seq_stride;
   long long k_batch_stride, k_head_stride, k_seq_stride;
   long long v_batch_stride, v_head_stride, v_seq_stride;
   long long o_batch_stride, o_head_stride, o_seq_stride;
   long long mask_batch_stride, mask_head_stride, mask_query_stride, mask_key_stride;
+  long long lse_batch_stride, lse_head_stride, lse_seq_stride;
+  long long block_table_stride;
   int heads_q, heads_kv, seq_q, seq_kv, dim_qk, dim_v;
   int mask_kind;  // MaskKind
   int diag_offset, window_left, window_right;
   float scale, softcap;
   int vector_io;    // host checked: q/k/v/o bases 16-byte aligned, batch/head/seq strides x8
   int heavy_first;  // visit query blocks last-first (causal: late blocks see more keys)
+  // Serving batches: grid x enumerates the query tiles of every sequence in order.
+  int num_seqs;         // B
+  int tokens_q, tokens_k;  // rows of packed q and of packed k / v: offsets past them fault
+  int kv_capacity;      // paged: max_pages * page_size
+  int num_pages, page_size_log2;
+  int min_queries;      // sequences with fewer new queries get no tile (decode serves them)
 };
+
+// The rows one block serves: query rows [m0, m0 + BR) of sequence b, whose queries start at
+// token q_tok0 of q / o / lse and whose keys at token k_tok0 of k / v (packed layouts; 0 for
+// dense ones), with seq_q queries and seq_kv keys.
+struct SeqTile {
+  int b, m0, seq_q, seq_kv;
+  long long q_tok0, k_tok0;
+  int diag_offset;
+};
+
+// A serving batch's sequence b, checked: its query and key ranges and how many tiles of BR
+// rows it gets. Bad offsets or lengths give no tile (the checker reports them).
+template <int BR>
+__device__ __forceinline__ int sequence_tiles(const FlashFwdParams& p, int b, bool report) {
+  const int q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
+  bool ok = q0 >= 0 && q1 >= q0 && q1 <= p.tokens_q;
+  int value = q1;
+  if (p.cu_seqlens_k != nullptr) {
+    const int k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
+    if (ok && !(k0 >= 0 && k1 >= k0 && k1 <= p.tokens_k)) ok = false, value = k1;
+  } else {
+    const int len = p.seq_lens_k[b];
+    if (ok && !(len >= 0 && len <= p.kv_capacity)) {
+      if (report) raise_fault(p.fault, len < 0 ? FAULT_NEGATIVE_LENGTH : FAULT_PAST_CAPACITY, b, len);
+      return 0;
+    }
+  }
+  if (!ok) {
+    if (report) raise_fault(p.fault, FAULT_BAD_OFFSETS, b, value);
+    return 0;
+  }
+  const int n = q1 - q0;
+  return n >= p.min_queries && n > 0 ? (n + BR - 1) / BR : 0;
+}
+
+// Which rows this block serves; false when none (a spare block of a serving grid). Dense:
+// grid (query blocks, Hq, B). Serving: grid (tile budget, Hq, 1); block x is the x-th tile
+// counting sequence by sequence (each sequence's heaviest tile first when heavy_first), found
+// by a warp-wide scan of the offsets 32 sequences at a time. Warp 0 of block (0, 0) scans
+// every sequence and reports bad ones to the fault buffer.
+template <int BR>
+__device__ __forceinline__ bool resolve_tile(const FlashFwdParams& p, SeqTile& t) {
+  if (p.cu_seqlens_q == nullptr) {
+    const int num_blocks = (p.seq_q + BR - 1) / BR;
+    t.b = blockIdx.z;
+    t.m0 = (p.heavy_first ? num_blocks - 1 - int(blockIdx.x) : int(blockIdx.x)) * BR;
+    t.seq_q = p.seq_q, t.seq_kv = p.seq_kv, t.q_tok0 = 0, t.k_tok0 = 0, t.diag_offset = p.diag_offset;
+    return true;
+  }
+  const int lane = threadIdx.x & 31;
+  const bool checker = blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 32;
+  const int want = blockIdx.x;
+  int before = 0, b = -1, tile = 0, tiles_b = 0;
+  for (int b0 = 0; b0 < p.num_seqs; b0 += 32) {
+    const int mine = b0 + lane < p.num_seqs ? sequence_tiles<BR>(p, b0 + lane, checker) : 0;
+    int upto = mine;  // inclusive prefix sum over the lanes
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const int x = __shfl_up_sync(0xffffffffu, upto, off);
+      if (lane >= off) upto += x;
+    }
+    const int total = __shfl_sync(0xffffffffu, upto, 31);
+    if (b < 0 && want < before + total) {
+      const int src = __ffs(__ballot_sync(0xffffffffu, want < before + upto)) - 1;
+      tiles_b = __shfl_sync(0xffffffffu, mine, src);
+      tile = want - (before + __shfl_sync(0xffffffffu, upto, src) - tiles_b);
+      b = b0 + src;
+      if (!checker) break;
+    }
+    before += total;
+  }
+  if (b < 0) return false;
+  t.b = b;
+  t.m0 = (p.heavy_first ? tiles_b - 1 - tile : tile) * BR;
+  t.q_tok0 = p.cu_seqlens_q[b];
+  t.seq_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
+  if (p.cu_seqlens_k != nullptr) {
+    t.k_tok0 = p.cu_seqlens_k[b];
+    t.seq_kv = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+  } else {
+    t.k_tok0 = 0;
+    t.seq_kv = p.seq_lens_k[b];
+  }
+  t.diag_offset = t.seq_kv - t.seq_q;  // serving batches align causal / window bottom-right
+  return true;
+}
+
+// Key `key` of kv head hk of sequence b in a paged pool (k or v: base, page / token strides),
+// or null for a page id outside the pool (reported; its row then loads as zeros).
+template <class T>
+__device__ __forceinline__ const T* paged_row(const FlashFwdParams& p, const T* pool, long long page_stride,
+                                              long long tok_stride, int b, int key) {
+  const int page = p.block_table[b * p.block_table_stride + (key >> p.page_size_log2)];
+  if (page < 0 || page >= p.num_pages) {
+    raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, page);
+    return nullptr;
+  }
+  return pool + page * page_stride + (key & ((1 << p.page_size_log2) - 1)) * tok_stride;
+}
 
 // A key offset within a tile, clamped to [-1, BC] (both ends mean "past the tile").
 template <int BC>
@@ -36,12 +151,17 @@ __device__ __forceinline__ int clamp_to_tile(long long key) {
 
 // The visible key range of query rows [row_lo, row_hi], clipped to [0, Skv), as BC tiles.
 template <int BC>
-__device__ __forceinline__ void key_tile_range(const FlashFwdParams& p, const KeyWindow& win,
-                                               int row_lo, int row_hi, int& begin, int& end) {
+__device__ __forceinline__ void key_tile_range(int seq_kv, const KeyWindow& win, int row_lo, int row_hi,
+                                               int& begin, int& end) {
   const long long lo = max(first_visible_key(win, row_lo), 0LL);
-  const long long hi = min(last_visible_key(win, row_hi), (long long)p.seq_kv - 1);
+  const long long hi = min(last_visible_key(win, row_hi), (long long)seq_kv - 1);
   begin = static_cast<int>(lo / BC);
   end = hi >= lo ? static_cast<int>(hi / BC) + 1 : begin;
+}
+
+// lse of query row `row` of the block's sequence.
+__device__ __forceinline__ void store_lse(const FlashFwdParams& p, const SeqTile& st, int h, int row, float lse) {
+  p.lse[st.b * p.lse_batch_stride + h * p.lse_head_stride + (st.q_tok0 + row) * p.lse_seq_stride] = lse;
 }
 
 // Writes one output row's finished values: o = acc / denom, lse without the sink.

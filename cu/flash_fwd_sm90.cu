@@ -1,8 +1,8 @@
 // Scaled dot-product attention forward on Hopper tensor cores (wgmma, sm_90a only).
 //
 // Serves the calls the plain-score mma.sync kernel of flash_fwd.cu serves (no mask, no
-// softcap, scale > 0; causal/window, sinks, GQA, LSE all apply) when Dqk = Dv = 64 or 128 and
-// the host vouched for 16-byte alignment (vector_io). Same parameters and semantics; its
+// softcap, scale > 0; causal/window, sinks, GQA, LSE, serving batches all apply) when
+// Dqk = Dv = 64 or 128 and the host vouched for 16-byte alignment (vector_io). Same parameters and semantics; its
 // query blocks are 64 * GROUPS rows (grid x), and the summation order differs from mma.sync's.
 //
 // A CTA is GROUPS warpgroups over 64 * GROUPS query rows, 64 a warpgroup (wgmma's M).
@@ -161,6 +161,25 @@ __device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long ro
   }
 }
 
+// As load_tile, for a paged pool: row r is key n0 + r of sequence b.
+template <class T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_paged_tile(unsigned dst, const FlashFwdParams& p, const T* pool,
+                                                long long page_stride, long long tok_stride, int b, int n0,
+                                                int rows_valid) {
+  constexpr int kChunksPerRow = D / 8, kStep = THREADS / kChunksPerRow;
+  constexpr int kIters = (ROWS + kStep - 1) / kStep;
+  const int tid = threadIdx.x, r0 = tid / kChunksPerRow, c = tid % kChunksPerRow;
+  const unsigned d0 = dst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
+#pragma unroll
+  for (int i = 0; i < kIters; ++i) {
+    const int r = r0 + i * kStep;
+    if (ROWS % kStep != 0 && r >= ROWS) break;
+    const T* row = r < rows_valid ? paged_row(p, pool, page_stride, tok_stride, b, n0 + r) : nullptr;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0 + i * kStep * 128),
+                 "l"(row != nullptr ? row + c * 8 : pool), "r"(row != nullptr ? 16 : 0));
+  }
+}
+
 extern __shared__ __align__(1024) unsigned char smem[];
 
 template <class T, class Tile>
@@ -173,21 +192,30 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   auto v_addr = [&](int stage) { return k_addr(stage) + Tile::KV_BYTES; };
 
   const int tid = threadIdx.x, group = tid >> 7, lane = tid & 31, warp_in_group = (tid >> 5) & 3;
-  const int num_blocks = (p.seq_q + ROWS - 1) / ROWS;
-  const int m0 = (p.heavy_first ? num_blocks - 1 - int(blockIdx.x) : int(blockIdx.x)) * ROWS;
-  const int h = blockIdx.y, b = blockIdx.z;
+  SeqTile st;
+  if (!resolve_tile<ROWS>(p, st)) return;
+  const int m0 = st.m0, seq_q = st.seq_q, seq_kv = st.seq_kv;
+  const int h = blockIdx.y, b = st.b;
   const int hk = h / (p.heads_q / p.heads_kv);
-  const KeyWindow win{p.diag_offset, p.window_left, p.window_right};
+  const KeyWindow win{st.diag_offset, p.window_left, p.window_right};
 
   int tile_begin, tile_end;
-  key_tile_range<KEYS>(p, win, m0, min(m0 + ROWS, p.seq_q) - 1, tile_begin, tile_end);
+  key_tile_range<KEYS>(seq_kv, win, m0, min(m0 + ROWS, seq_q) - 1, tile_begin, tile_end);
 
-  const T* gk = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride;
-  const T* gv = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride;
+  const bool paged = p.block_table != nullptr;  // then the batch strides step pages
+  const T* gk = static_cast<const T*>(p.k) + (paged ? 0 : b * p.k_batch_stride + st.k_tok0 * p.k_seq_stride) +
+                hk * p.k_head_stride;
+  const T* gv = static_cast<const T*>(p.v) + (paged ? 0 : b * p.v_batch_stride + st.k_tok0 * p.v_seq_stride) +
+                hk * p.v_head_stride;
   auto load_kv = [&](int stage, int tile) {
     const int n0 = tile * KEYS;
-    load_tile<T, KEYS, D, THREADS>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, p.seq_kv - n0);
-    load_tile<T, KEYS, D, THREADS>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, p.seq_kv - n0);
+    if (paged) {
+      load_paged_tile<T, KEYS, D, THREADS>(k_addr(stage), p, gk, p.k_batch_stride, p.k_seq_stride, b, n0, seq_kv - n0);
+      load_paged_tile<T, KEYS, D, THREADS>(v_addr(stage), p, gv, p.v_batch_stride, p.v_seq_stride, b, n0, seq_kv - n0);
+      return;
+    }
+    load_tile<T, KEYS, D, THREADS>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, seq_kv - n0);
+    load_tile<T, KEYS, D, THREADS>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, seq_kv - n0);
   };
 
   // This thread's rows: my_row and my_row + 8 (accumulator registers 4j + {0,1} / {2,3}).
@@ -201,8 +229,8 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 
   if (tile_begin < tile_end) {
     const T* gq = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
-                  m0 * p.q_seq_stride;
-    load_tile<T, ROWS, D, THREADS>(q_addr, gq, p.q_seq_stride, p.seq_q - m0);
+                  (st.q_tok0 + m0) * p.q_seq_stride;
+    load_tile<T, ROWS, D, THREADS>(q_addr, gq, p.q_seq_stride, seq_q - m0);
     load_kv(0, tile_begin);
     cp_async_commit();
 
@@ -231,14 +259,14 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 
       // Keys outside a row's causal/window range or past Skv, on the tiles that have any.
       const int n0 = t * KEYS;
-      if (n0 + KEYS > p.seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
+      if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
           n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
         const int col0 = n0 + 2 * (lane & 3);
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           const int row = my_row + 8 * r;
           const int lo = clamp_to_tile<KEYS>(first_visible_key(win, row) - col0);
-          const int hi = clamp_to_tile<KEYS>(min(last_visible_key(win, row), (long long)p.seq_kv - 1) - col0);
+          const int hi = clamp_to_tile<KEYS>(min(last_visible_key(win, row), (long long)seq_kv - 1) - col0);
 #pragma unroll
           for (int j = 0; j < KEYS / 8; ++j)
 #pragma unroll
@@ -296,17 +324,16 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
     sum += __shfl_xor_sync(0xffffffffu, sum, 2);
     const int row = my_row + 8 * r;
-    if (row >= p.seq_q) continue;
+    if (row >= seq_q) continue;
     const RowResult res = finish_row(p, h, row_max[r], sum);
-    T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + row * p.o_seq_stride;
+    T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (st.q_tok0 + row) * p.o_seq_stride;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
       const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
       *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
     }
-    if (p.lse != nullptr && (lane & 3) == 0)
-      p.lse[(static_cast<long long>(b) * p.heads_q + h) * p.seq_q + row] = res.lse;
+    if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, st, h, row, res.lse);
   }
 }
 

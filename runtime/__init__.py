@@ -17,6 +17,7 @@ from .ops.kv_cache import kv_append
 from .ops.merge import merge_states, merge_states_n
 from .ops.prepared import Prepared, prepare
 from .ops.paged import paged_decode, paged_decode_workspace_bytes, paged_kv_append
+from .ops.ragged import paged_attention, paged_attention_workspace_bytes, ragged_attention
 from .ops.softmax import log_softmax, softmax
 from .stream import Event, Stream, as_stream
 

@@ -63,6 +63,11 @@ def _memset(dst, value, nbytes, *stream):
     return (_OK,)
 
 
+def _memset32(dst, value, words, *stream):
+    (ctypes.c_uint32 * int(words)).from_address(int(dst))[:] = [int(value)] * int(words)
+    return (_OK,)
+
+
 def _free(ptr, *stream):
     _memory.pop(int(ptr), None)
     return (_OK,)
@@ -106,6 +111,7 @@ _FUNCTIONS = {
     "cuMemHostAlloc": lambda nbytes, flags: _ok(_alloc(nbytes)),
     "cuMemFreeHost": _free,
     "cuMemsetD8": _memset,
+    "cuMemsetD32Async": _memset32,
     "cuMemsetD8Async": _memset,
     "cuMemcpyHtoDAsync": _memcpy,
     "cuMemcpyDtoHAsync": _memcpy,

@@ -24,6 +24,7 @@ _MESSAGES = {
     2: "a sequence length would pass the cache capacity",
     3: "a slot_mapping entry is outside the page pool",
     4: "a sequence length is negative",
+    5: "sequence offsets (cu_seqlens / qo_indptr) decrease, are negative or pass the packed rows",
 }
 
 

@@ -221,3 +221,80 @@ def merge_states(o_states, lse_states, sinks=None):
     return o, lse
 
 # ==== end decode / kv cache / merge ============================================
+
+
+# ==== serving batches: ragged and paged attention ==============================
+# Packed token-major q [Nq, Hq, Dqk], k [Nk, Hkv, Dqk], v [Nk, Hkv, Dv] -> o [Nq, Hq, Dv],
+# lse [Nq, Hq]. Each sequence is one sdpa (bottom-right aligned); rows outside every
+# sequence get o = 0, lse = -inf. Offsets, lengths and block tables are host integers.
+
+
+def _offsets(cu, n: int, name: str) -> np.ndarray:
+    """cu as int64 [B+1], asserted non-decreasing, >= 0 and <= n."""
+    cu = np.asarray(cu).astype(np.int64)
+    assert cu.ndim == 1 and cu.size >= 1, f"{name}: expected a 1-D [B+1] array, got shape {cu.shape}"
+    assert cu[0] >= 0 and cu[-1] <= n and np.all(np.diff(cu) >= 0), \
+        f"{name}: offsets must be non-decreasing within [0, {n}], got {cu.tolist()}"
+    return cu
+
+
+def _head_major(x):
+    """token-major [L, H, D] -> [1, H, L, D]."""
+    return np.asarray(x)[None].transpose(0, 2, 1, 3)
+
+
+def _sequence_sdpa(q, k, v, **options):
+    """sdpa of one sequence's token-major queries q [n, Hq, Dqk] against head-major
+    k, v [1, Hkv, L, D], bottom-right aligned; returns (o [n, Hq, Dv], lse [n, Hq])."""
+    o, lse = sdpa(_head_major(q), k, v, causal_align="bottom_right", **options)
+    return o[0].transpose(1, 0, 2), lse[0].T
+
+
+def ragged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, window=None,
+                     scale=None, softcap=0.0, sinks=None):
+    """sdpa per sequence b of q[cu_q[b]:cu_q[b+1]] against k, v[cu_k[b]:cu_k[b+1]], causal and
+    window aligned bottom-right (query i's diagonal is i + Lk - Lq), scale / softcap / sinks
+    as in sdpa. Returns (o [Nq, Hq, Dv], lse [Nq, Hq]); uncovered rows: o = 0, lse = -inf."""
+    q, k, v = (np.asarray(x) for x in (q, k, v))
+    cu_q = _offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
+    cu_k = _offsets(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
+    assert cu_q.size == cu_k.size, "cu_seqlens_q and cu_seqlens_k must both have B+1 entries"
+    o = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
+    lse = np.full(q.shape[:2], -np.inf)
+    for b in range(cu_q.size - 1):
+        rows, keys = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        o[rows], lse[rows] = _sequence_sdpa(q[rows], _head_major(k[keys]), _head_major(v[keys]),
+                                            causal=causal, window=window, scale=scale,
+                                            softcap=softcap, sinks=sinks)
+    return o, lse
+
+
+def paged_attention(q, k_pool, v_pool, qo_indptr, block_table, seq_lens, *, layout="HND",
+                    window=None, scale=None, softcap=0.0, sinks=None):
+    """Sequence b's n_b = qo[b+1] - qo[b] queries q[qo[b]:qo[b+1]] against the first
+    seq_lens[b] keys of the pages block_table[b] names, bottom-right causal (query i sees keys
+    < seq_lens[b] - n_b + 1 + i), window / softcap / sinks / scale as in decode; layout is
+    "HND" / "NHD" or a (k_layout, v_layout) pair. Only the pages a row reads are looked up.
+    Returns (o [Nq, Hq, Dv], lse [Nq, Hq]); uncovered rows: o = 0, lse = -inf."""
+    q, table = np.asarray(q), np.asarray(block_table)
+    k_layout, v_layout = (layout, layout) if isinstance(layout, str) else layout
+    qo = _offsets(qo_indptr, q.shape[0], "qo_indptr")
+    lens = np.asarray(seq_lens).astype(np.int64)
+    assert table.ndim == 2 and qo.size == table.shape[0] + 1 == lens.size + 1, \
+        "block_table [B, max_pages], qo_indptr [B+1] and seq_lens [B] must agree on B"
+    page_size = np.asarray(k_pool).shape[2 if k_layout == "HND" else 1]
+    num_pages = np.asarray(k_pool).shape[0]
+    o = np.zeros((q.shape[0], q.shape[1], np.asarray(v_pool).shape[3]))
+    lse = np.full(q.shape[:2], -np.inf)
+    for b, length in enumerate(lens.tolist()):
+        assert 0 <= length <= table.shape[1] * page_size, \
+            f"seq_lens[{b}] = {length} outside [0, {table.shape[1] * page_size}]"
+        pages = table[b:b + 1, :-(-length // page_size)]
+        assert np.all((pages >= 0) & (pages < num_pages)), f"block_table[{b}] reads a page outside the pool"
+        rows = slice(qo[b], qo[b + 1])
+        o[rows], lse[rows] = _sequence_sdpa(
+            q[rows], gather_pages(k_pool, pages, length, k_layout), gather_pages(v_pool, pages, length, v_layout),
+            causal=True, window=window, scale=scale, softcap=softcap, sinks=sinks)
+    return o, lse
+
+# ==== end serving ==============================================================

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # suite name -> module with run(args) -> list of row dicts (a "chart" entry is drawn).
 SUITES = {"launch": "bench_launch", "host": "bench_host", "step": "bench_step", "softmax": "bench_softmax",
-          "prefill": "bench_prefill", "decode": "bench_decode"}
+          "prefill": "bench_prefill", "decode": "bench_decode", "serving": "bench_serving"}
 WITHOUT_GPU = ("host",)  # suites that run on the fake driver
 
 

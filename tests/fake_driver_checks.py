@@ -64,12 +64,31 @@ def _merge_arrays():
             "out": e((2, 4, 5, 64), BF16), "out_lse": e((2, 4, 5), np.float32)}
 
 
+def _ragged_arrays():
+    e = ptxattn.empty
+    return {"q": e((300, 8, 64), BF16), "k": e((500, 2, 64), BF16), "v": e((500, 2, 64), BF16),
+            "cu_seqlens_q": e((5,), np.int32), "cu_seqlens_k": e((5,), np.int32), "sinks": e((8,), np.float32),
+            "out": e((300, 8, 64), BF16), "out_lse": e((300, 8), np.float32)}
+
+
+def _paged_attention_arrays():
+    e = ptxattn.empty
+    q, pool, qo, table = e((70, 8, 64), BF16), e((40, 2, 16, 64), BF16), e((5,), np.int32), e((4, 16), np.int32)
+    return {"q": q, "k_pool": pool, "v_pool": e(pool.shape, BF16), "qo_indptr": qo, "block_table": table,
+            "seq_lens": e((4,), np.int32), "sinks": e((8,), np.float32), "out": e((70, 8, 64), BF16),
+            "out_lse": e((70, 8), np.float32),
+            "workspace": e((ptxattn.paged_attention_workspace_bytes(q, pool, pool, qo, table, decode_queries=4,
+                                                                    return_lse=True),), np.uint8)}
+
+
 # (op, arrays maker, options): every op, with every optional array it takes.
 CALLS = [
     (ptxattn.sdpa, _sdpa_arrays, {"causal": True, "return_lse": True}),
     (ptxattn.decode, _decode_arrays, {"return_lse": True}),
     (ptxattn.decode, lambda: _decode_arrays(batch=64, hq=32, hkv=8), {"return_lse": True}),  # one split
     (ptxattn.paged_decode, _paged_arrays, {"return_lse": True}),
+    (ptxattn.ragged_attention, _ragged_arrays, {"causal": True, "return_lse": True}),
+    (ptxattn.paged_attention, _paged_attention_arrays, {"return_lse": True, "decode_queries": 4}),
     (ptxattn.kv_append, _append_arrays, {}),
     (ptxattn.paged_kv_append, _paged_append_arrays, {}),
     (ptxattn.merge_states_n, _merge_arrays, {}),

@@ -93,9 +93,9 @@ def test_vector_io_needs_aligned_rows():
             self.ptr, self.shape, self.element_strides = ptr, shape, strides
     q = Fake(1024, (2, 8, 5, 64), (2560, 320, 64, 1))
     o = Fake(8192, (2, 8, 5, 32), (1280, 160, 32, 1))
-    assert attention._vector_io_ok((q, o, None))
-    assert not attention._vector_io_ok((q, Fake(8200, o.shape, o.element_strides)))
-    assert not attention._vector_io_ok((q, Fake(8192, o.shape, (1280, 160, 36, 1))))
+    assert attention.vector_io_ok((q, o, None))
+    assert not attention.vector_io_ok((q, Fake(8200, o.shape, o.element_strides)))
+    assert not attention.vector_io_ok((q, Fake(8192, o.shape, (1280, 160, 36, 1))))
 
 
 @pytest.mark.parametrize("dqk,dv,suffix", [
@@ -112,38 +112,38 @@ def test_every_tile_fits_sm86_shared_memory():
     for variant in sdpa_tiles().values():
         for tile in (variant.plain, variant.general):
             assert tile.shared_bytes <= 99 * 1024, tile
-    name, grid, block, shared = attention._plan(np.dtype(np.float32), 2, 3, 9, 256, 256, False, True)
-    assert name == "flash_fwd_f32" and grid == (3, 3, 2) and block == (128, 1, 1) and shared <= 99 * 1024
+    plan = attention.plan_kernel(np.dtype(np.float32), 256, 256, False, True)
+    assert plan.kernel == "flash_fwd_f32" and plan.rows == 4 and plan.threads == 128 and plan.shared <= 99 * 1024
 
 
-def test_plan_grid():
-    name, grid, block, shared = attention._plan(ptxattn.bfloat16, 4, 32, 4096, 128, 128, False, False)
-    assert name == "flash_fwd_bf16_d128" and grid == (32, 32, 4) and block == (128, 1, 1)
+def test_plan_kernel():
+    plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False)
+    assert plan.kernel == "flash_fwd_bf16_d128" and plan.rows == 128 and plan.threads == 128
     # Two m16 tiles a warp, four warps: 128 query rows; Q in its own region beside three
     # stages of 32 keys.
-    assert shared == 2 * (2 * 64 * 256 + 128 * 128)  # two stages of 64 keys (K and V) + Q
+    assert plan.shared == 2 * (2 * 64 * 256 + 128 * 128)  # two stages of 64 keys (K and V) + Q
 
 
 def test_plan_general_variant_for_masks_and_softcap():
-    name, grid, block, shared = attention._plan(np.dtype(np.float16), 1, 2, 300, 100, 100, True, True)
-    assert name == "flash_fwd_f16_d128_general" and grid == (3, 2, 1) and block == (256, 1, 1)
-    assert shared == 2 * 3 * 64 * 256  # three stages of 64 keys; Q borrows the last one
+    plan = attention.plan_kernel(np.dtype(np.float16), 100, 100, True, True)
+    assert plan.kernel == "flash_fwd_f16_d128_general" and plan.rows == 128 and plan.threads == 256
+    assert plan.shared == 2 * 3 * 64 * 256  # three stages of 64 keys; Q borrows the last one
 
 
 def test_plan_wgmma_kernel_on_sm90():
     # Dqk = Dv = 64 or 128 with plain scores and aligned tensors on a device that loads sm_90a PTX.
-    name, grid, block, shared = attention._plan(ptxattn.bfloat16, 4, 32, 4000, 128, 128, False, True)
+    plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True)
     # Three warpgroups of 64 query rows; Q + two stages of 128-key K and V tiles, aligned base.
-    assert name == "flash_fwd_sm90_bf16_d128" and grid == (21, 32, 4) and block == (384, 1, 1)
-    assert shared == 2 * 128 * (192 + 4 * 128) + 1024 <= 227 * 1024
+    assert plan.kernel == "flash_fwd_sm90_bf16_d128" and plan.rows == 192 and plan.threads == 384
+    assert plan.shared == 2 * 128 * (192 + 4 * 128) + 1024 <= 227 * 1024
     for tile in sm90_tiles().values():
         assert tile.shared_bytes <= 227 * 1024, tile
     # Everything else keeps the mma.sync kernels.
-    assert attention._plan(np.dtype(np.float16), 1, 2, 300, 128, 128, True, True)[0] == "flash_fwd_f16_d128_general"
-    assert attention._plan(ptxattn.bfloat16, 1, 2, 300, 64, 64, False, True)[0] == "flash_fwd_sm90_bf16_d64"
-    assert attention._plan(ptxattn.bfloat16, 1, 2, 300, 64, 64, False, False)[0] == "flash_fwd_bf16_d64"
-    assert attention._plan(ptxattn.bfloat16, 1, 2, 300, 96, 96, False, True)[0] == "flash_fwd_bf16_d128"
-    assert attention._plan(ptxattn.bfloat16, 1, 2, 300, 128, 64, False, True)[0] == "flash_fwd_bf16_d128"
+    assert attention.plan_kernel(np.dtype(np.float16), 128, 128, True, True).kernel == "flash_fwd_f16_d128_general"
+    assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, True).kernel == "flash_fwd_sm90_bf16_d64"
+    assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, False).kernel == "flash_fwd_bf16_d64"
+    assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True).kernel == "flash_fwd_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 64, False, True).kernel == "flash_fwd_bf16_d128"
 
 
 def test_window_bounds():

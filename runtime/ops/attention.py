@@ -26,7 +26,7 @@ __all__ = ["sdpa"]
 _DTYPE_NAME = {np.dtype(np.float16): "f16", bfloat16: "bf16", np.dtype(np.float32): "f32"}
 # MaskKind in cu/attention_common.cuh.
 _MASK_KIND = {np.dtype(np.bool_): 1, np.dtype(np.float32): 2, np.dtype(np.float16): 3, bfloat16: 4}
-_MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 256
 _F32_WARPS = 4  # F32_WARPS in cu/flash_fwd.cu
 
 
@@ -35,19 +35,25 @@ class _FlashFwdParams(ParamStruct):
     _fields_ = [
         ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
         ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("mask", ctypes.c_void_p),
-        ("sinks", ctypes.c_void_p),
+        ("sinks", ctypes.c_void_p), ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+        ("seq_lens_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p), ("fault", ctypes.c_void_p),
         ("q_batch_stride", ctypes.c_int64), ("q_head_stride", ctypes.c_int64), ("q_seq_stride", ctypes.c_int64),
         ("k_batch_stride", ctypes.c_int64), ("k_head_stride", ctypes.c_int64), ("k_seq_stride", ctypes.c_int64),
         ("v_batch_stride", ctypes.c_int64), ("v_head_stride", ctypes.c_int64), ("v_seq_stride", ctypes.c_int64),
         ("o_batch_stride", ctypes.c_int64), ("o_head_stride", ctypes.c_int64), ("o_seq_stride", ctypes.c_int64),
         ("mask_batch_stride", ctypes.c_int64), ("mask_head_stride", ctypes.c_int64),
         ("mask_query_stride", ctypes.c_int64), ("mask_key_stride", ctypes.c_int64),
+        ("lse_batch_stride", ctypes.c_int64), ("lse_head_stride", ctypes.c_int64), ("lse_seq_stride", ctypes.c_int64),
+        ("block_table_stride", ctypes.c_int64),
         ("heads_q", ctypes.c_int32), ("heads_kv", ctypes.c_int32), ("seq_q", ctypes.c_int32),
         ("seq_kv", ctypes.c_int32), ("dim_qk", ctypes.c_int32), ("dim_v", ctypes.c_int32),
         ("mask_kind", ctypes.c_int32), ("diag_offset", ctypes.c_int32),
         ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32),
         ("scale", ctypes.c_float), ("softcap", ctypes.c_float),
         ("vector_io", ctypes.c_int32), ("heavy_first", ctypes.c_int32),
+        ("num_seqs", ctypes.c_int32), ("tokens_q", ctypes.c_int32), ("tokens_k", ctypes.c_int32),
+        ("kv_capacity", ctypes.c_int32), ("num_pages", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
+        ("min_queries", ctypes.c_int32),
     ]
 
 
@@ -103,8 +109,8 @@ def _validate(a: dict, causal, causal_align, window, scale, softcap, return_lse,
     if hkv == 0 or hq % hkv:
         raise ValueError(f"sdpa: Hq must be a multiple of Hkv, got Hq={hq} (q) and Hkv={hkv} (k, v)")
     for name, dim in (("Dqk", dqk), ("Dv", dv)):
-        if not 1 <= dim <= _MAX_HEAD_DIM:
-            raise ValueError(f"sdpa: head dim {name} must be in 1..{_MAX_HEAD_DIM}, got {dim}")
+        if not 1 <= dim <= MAX_HEAD_DIM:
+            raise ValueError(f"sdpa: head dim {name} must be in 1..{MAX_HEAD_DIM}, got {dim}")
     if batch > MAX_GRID_YZ or hq > MAX_GRID_YZ:
         raise ValueError(f"sdpa: B and Hq must each be <= {MAX_GRID_YZ}, got B={batch}, Hq={hq}")
     if max(sq, skv) >= 2**31 - UNBOUNDED_WINDOW:
@@ -130,31 +136,37 @@ def _pick_variant(dqk: int, dv: int) -> SdpaVariant:
     return next(v for v in sdpa_tiles().values() if dqk <= v.dim_qk and dv <= v.dim_v)
 
 
-def _plan(dtype, batch, hq, sq, dqk, dv, general, wgmma):
-    """(kernel name, grid, block, shared bytes) for one call shape; `general` picks the
-    per-element score path (mask, softcap or scale <= 0); `wgmma` says the device runs the
-    sm_90a kernels and the tensors are 16-byte aligned."""
+@dataclass(frozen=True)
+class KernelPlan:
+    """The sdpa kernel for one call shape: its name, query rows a block, threads, shared bytes."""
+    kernel: str
+    rows: int
+    threads: int
+    shared: int
+
+
+def plan_kernel(dtype, dqk, dv, general, wgmma) -> KernelPlan:
+    """The kernel for q's dtype and head dims; `general` picks the per-element score path
+    (mask, softcap or scale <= 0); `wgmma` says the device runs the sm_90a kernels and the
+    tensors are 16-byte aligned."""
     if dtype == np.float32:
         k_pitch = dqk | 1
-        shared = 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk)
-        return "flash_fwd_f32", (-(-sq // _F32_WARPS), hq, batch), (32 * _F32_WARPS, 1, 1), shared
+        return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk))
     if wgmma and not general and dqk == dv and dqk in sm90_tiles():
         tile = sm90_tiles()[dqk]
-        return tile.kernel(_DTYPE_NAME[dtype]), (-(-sq // tile.rows), hq, batch), (tile.threads, 1, 1), \
-            tile.shared_bytes
+        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
     variant = _pick_variant(dqk, dv)
     tile = variant.general if general else variant.plain
-    return variant.kernel(_DTYPE_NAME[dtype], general), (-(-sq // tile.rows), hq, batch), (tile.threads, 1, 1), \
-        tile.shared_bytes
+    return KernelPlan(variant.kernel(_DTYPE_NAME[dtype], general), tile.rows, tile.threads, tile.shared_bytes)
 
 
 @functools.lru_cache(maxsize=None)
-def _runs_wgmma(device) -> bool:
+def runs_wgmma(device) -> bool:
     """The device loads the sm_90a (wgmma) PTX of cu/flash_fwd_sm90.cu."""
     return loaded_arch(device, "flash_fwd_sm90") is not None
 
 
-def _vector_io_ok(arrays) -> bool:
+def vector_io_ok(arrays) -> bool:
     """16-byte cp.async/stores are safe: bases aligned and every row start on 8 elements
     (an output the call makes itself is contiguous and 256-byte aligned: None here)."""
     for arr in arrays:
@@ -162,7 +174,7 @@ def _vector_io_ok(arrays) -> bool:
             continue
         if arr.ptr % 16:
             return False
-        for n, stride in zip(arr.shape[:3], arr.element_strides[:3]):
+        for n, stride in zip(arr.shape[:-1], arr.element_strides[:-1]):
             if n > 1 and stride % 8:
                 return False
     return True
@@ -175,7 +187,7 @@ def _mask_strides(mask: DeviceArray) -> tuple[int, int, int, int]:
     return tuple(strides)
 
 
-def _contiguous(shape) -> tuple[int, ...]:
+def contiguous(shape) -> tuple[int, ...]:
     strides, step = [], 1
     for n in reversed(shape):
         strides.append(step)
@@ -195,23 +207,18 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
     binding.result(*(("out", "out_lse") if c.return_lse else ("out",)), as_tuple=c.return_lse)
     if batch * hq * sq * dv == 0:
         return
-    vector_io = dtype != np.float32 and _vector_io_ok((q, k, v, out))
+    vector_io = dtype != np.float32 and vector_io_ok((q, k, v, out))
     general = mask is not None or c.softcap > 0 or c.scale <= 0
-    name, grid, block, shared = _plan(dtype, batch, hq, sq, dqk, dv, general,
-                                      vector_io and _runs_wgmma(binding.device))
-    o_strides = out.element_strides if out is not None else _contiguous((batch, hq, sq, dv))
+    plan = plan_kernel(dtype, dqk, dv, general, vector_io and runs_wgmma(binding.device))
+    o_strides = out.element_strides if out is not None else contiguous((batch, hq, sq, dv))
+    lse_strides = a["out_lse"].element_strides if a["out_lse"] is not None else contiguous((batch, hq, sq))
     mask_kind, mask_strides = (0, (0, 0, 0, 0)) if mask is None else (_MASK_KIND[np.dtype(mask.dtype)],
                                                                       _mask_strides(mask))
-    params = _FlashFwdParams()
-    _PARAMS_LAYOUT.pack_into(
-        params, 0, 0, 0, 0, 0, 0, 0, 0,  # pointers: written by every run
-        *q.element_strides[:3], *k.element_strides[:3], *v.element_strides[:3], *o_strides[:3], *mask_strides,
-        hq, hkv, sq, skv, dqk, dv, mask_kind, c.diag_offset, c.left, c.right, c.scale, c.softcap,
-        int(vector_io),
-        # A bounded right edge means later query blocks see more keys: start them first.
-        int(c.right < UNBOUNDED_WINDOW),
-    )
-    launch = binding.launch(name, grid, block, params, shared)
+    params = flash_params(q.element_strides[:3], k.element_strides[:3], v.element_strides[:3], o_strides[:3],
+                          lse_strides, c.left, c.right, c.scale, c.softcap, vector_io, heads=(hq, hkv),
+                          dims=(dqk, dv), seq_q=sq, seq_kv=skv, mask_kind=mask_kind, mask_strides=mask_strides,
+                          diag_offset=c.diag_offset)
+    launch = binding.launch(plan.kernel, (-(-sq // plan.rows), hq, batch), (plan.threads, 1, 1), params, plan.shared)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
                         ("attn_mask", "mask"), ("sinks", "sinks")):
         if a[name] is not None or name == "out" or (name == "out_lse" and c.with_lse):
@@ -220,6 +227,24 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
 
 # The parameter struct's bytes in _fields_ order, native alignment (as ctypes lays it out).
 _PARAMS_LAYOUT = struct.Struct("@" + "".join(ctype._type_ for _, ctype in _FlashFwdParams._fields_))
+_POINTERS = sum(ctype is ctypes.c_void_p for _, ctype in _FlashFwdParams._fields_)
+
+
+def flash_params(q_strides, k_strides, v_strides, o_strides, lse_strides, left: int, right: int, scale: float,
+                 softcap: float, vector_io: bool, *, heads, dims, seq_q=0, seq_kv=0, mask_kind=0,
+                 mask_strides=(0, 0, 0, 0), diag_offset=0, block_table_stride=0, serving=(0,) * 7) -> _FlashFwdParams:
+    """The bound parameter struct (every pointer 0: each run writes them). Element strides are
+    (batch, head, token) triples; `serving` is (num_seqs, tokens_q, tokens_k, kv_capacity,
+    num_pages, page_size_log2, min_queries) for a serving batch (ops/ragged.py)."""
+    params = _FlashFwdParams()
+    _PARAMS_LAYOUT.pack_into(
+        params, 0, *(0,) * _POINTERS,
+        *q_strides, *k_strides, *v_strides, *o_strides, *mask_strides, *lse_strides, block_table_stride,
+        *heads, seq_q, seq_kv, *dims, mask_kind, diag_offset, left, right, scale, softcap, int(vector_io),
+        # A bounded right edge means later query blocks see more keys: start them first.
+        int(right < UNBOUNDED_WINDOW), *serving,
+    )
+    return params
 
 _SDPA = Op("sdpa", ("q", "k", "v", "attn_mask", "sinks", "out", "out_lse"),
            ("causal", "causal_align", "window", "scale", "softcap", "return_lse"),

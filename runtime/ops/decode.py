@@ -292,21 +292,48 @@ def validate_decode(op: str, a: dict, src: KvSource, scale, softcap, window, ret
 
 
 # ---- binding ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DecodeIO:
+    """Where the decode kernels find q [B, Hq, Sq, Dqk] and seq_lens and put o and lse:
+    element strides (batch, head, token), and per role ("q", "seq_lens", "out", "out_lse",
+    "workspace") the binding's argument and byte offset that hold it. decode() names its own
+    arguments; paged_attention's decode rows live in its workspace."""
+
+    q_strides: tuple[int, int, int]
+    o_strides: tuple[int, int, int]
+    lse_strides: tuple[int, int, int]
+    at: dict
+
+
+_OWN_ARGUMENTS = {role: (role, 0) for role in ("q", "seq_lens", "out", "out_lse", "workspace")}
+
+
 def bind_decode(binding, a: dict, c: DecodeChecked) -> None:
-    """The split kernel and, with more than one split, the combine."""
-    q, src, plan = a["q"], c.source, c.plan
-    batch, hq, sq, dqk = q.shape
-    dv = src.v.dim
-    k, v = a[src.names[0]], a[src.names[1]]
-    table = a[src.names[2]] if src.names[2] else None
+    """decode() / paged_decode(): their outputs and workspace, then the kernels."""
+    q = a["q"]
+    batch, hq, sq, _ = q.shape
+    dv = c.source.v.dim
     binding.make("out", (batch, hq, sq, dv), q.dtype)
     if c.with_lse:
         binding.make("out_lse", (batch, hq, sq), np.float32)
-    binding.workspace_bytes = plan.workspace_bytes
+    binding.workspace_bytes = c.plan.workspace_bytes
     binding.result(*(("out", "out_lse") if c.return_lse else ("out",)), as_tuple=c.return_lse)
     out, lse = a["out"], a["out_lse"]
     o_strides = out.element_strides[:3] if out is not None else (hq * sq * dv, sq * dv, dv)
     lse_strides = lse.element_strides if lse is not None else (hq * sq, sq, 1) if c.with_lse else (0, 0, 0)
+    bind_decode_kernels(binding, a, c, q.shape, DecodeIO(q.element_strides[:3], o_strides, lse_strides,
+                                                         _OWN_ARGUMENTS))
+
+
+def bind_decode_kernels(binding, a: dict, c: DecodeChecked, q_shape, io: DecodeIO) -> None:
+    """The split kernel and, with more than one split, the combine, for q of `q_shape`."""
+    src, plan = c.source, c.plan
+    batch, hq, sq, dqk = q_shape
+    dv = src.v.dim
+    k, v = a[src.names[0]], a[src.names[1]]
+    table = a[src.names[2]] if src.names[2] else None
+    o_strides, lse_strides = io.o_strides, io.lse_strides
+    ws, ws_offset = io.at["workspace"]
     direct = plan.num_splits == 1  # the split kernel writes o and lse itself
     # fp8: a per-tensor K scale joins the softmax scale, a per-tensor V scale the output's.
     k_per_token, v_per_token = (s is not None and s.per_token for s in (c.k_scale, c.v_scale))
@@ -316,7 +343,7 @@ def bind_decode(binding, a: dict, c: DecodeChecked) -> None:
     v_scale_strides = scale_strides(a["v_scale"], src.v_layout) if v_per_token else (0, 0, 0)
     params = DecodeParams(
         None, None, None, None, None, None, None, None, None, None, fault_buffer(binding.device), None, None,
-        *q.element_strides[:3], *cache_strides(k, src.k_layout), *cache_strides(v, src.v_layout),
+        *io.q_strides, *cache_strides(k, src.k_layout), *cache_strides(v, src.v_layout),
         table.element_strides[0] if table is not None else 0, *o_strides, *lse_strides,
         *k_scale_strides, *v_scale_strides,
         hq, src.k.heads, sq, dqk, dv, src.capacity, src.num_pages, src.page_size.bit_length() - 1,
@@ -324,32 +351,35 @@ def bind_decode(binding, a: dict, c: DecodeChecked) -> None:
         v_value,
     )
     split = binding.launch(plan.kernel, plan.grid, (THREADS, 1, 1), params, plan.shared_bytes)
-    for name, field in (("q", "q"), (src.names[0], "k"), (src.names[1], "v"), ("seq_lens", "seq_lens"),
-                        (src.names[2], "block_table"), ("k_scale" if k_per_token else None, "k_scales"),
-                        ("v_scale" if v_per_token else None, "v_scales")):
+    for (name, offset), field in (
+            (io.at["q"], "q"), (io.at["seq_lens"], "seq_lens"), ((src.names[0], 0), "k"), ((src.names[1], 0), "v"),
+            ((src.names[2], 0), "block_table"), (("k_scale" if k_per_token else None, 0), "k_scales"),
+            (("v_scale" if v_per_token else None, 0), "v_scales")):
         if name is not None:
-            binding.point(name, split, field)
+            binding.point(name, split, field, offset)
+    out, out_offset = io.at["out"]
+    lse, lse_offset = io.at["out_lse"]
     if direct:
-        binding.point("out", split, "o_out")
+        binding.point(out, split, "o_out", out_offset)
         if c.with_lse:
-            binding.point("out_lse", split, "lse_out")
+            binding.point(lse, split, "lse_out", lse_offset)
         if a["sinks"] is not None:
             binding.point("sinks", split, "sinks")
         return
-    binding.point("workspace", split, "o_part", plan.workspace.offsets["o_part"])
-    binding.point("workspace", split, "lse_part", plan.workspace.offsets["lse_part"])
+    binding.point(ws, split, "o_part", ws_offset + plan.workspace.offsets["o_part"])
+    binding.point(ws, split, "lse_part", ws_offset + plan.workspace.offsets["lse_part"])
     splits = plan.num_splits
-    combine = bind_merge(binding, in_dtype=np.float32, out_dtype=q.dtype,
+    combine = bind_merge(binding, in_dtype=np.float32, out_dtype=a["q"].dtype,
                          o_in_strides=(dv, hq * sq * splits * dv, sq * splits * dv, splits * dv),
                          lse_in_strides=(1, hq * sq * splits, sq * splits, splits), shape=(batch, hq, sq, dv),
                          o_out_strides=o_strides, lse_out_strides=lse_strides, num_states=splits)
     if combine is None:
         return
-    binding.point("workspace", combine, "o_in", plan.workspace.offsets["o_part"])
-    binding.point("workspace", combine, "lse_in", plan.workspace.offsets["lse_part"])
-    binding.point("out", combine, "o_out")
+    binding.point(ws, combine, "o_in", ws_offset + plan.workspace.offsets["o_part"])
+    binding.point(ws, combine, "lse_in", ws_offset + plan.workspace.offsets["lse_part"])
+    binding.point(out, combine, "o_out", out_offset)
     if c.with_lse:
-        binding.point("out_lse", combine, "lse_out")
+        binding.point(lse, combine, "lse_out", lse_offset)
     if a["sinks"] is not None:
         binding.point("sinks", combine, "sinks")
 

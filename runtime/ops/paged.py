@@ -25,7 +25,7 @@ __all__ = ["paged_kv_append", "paged_decode", "paged_decode_workspace_bytes"]
 MAX_CAPACITY = 2**31 - 1  # keys per row are int32 on the device
 
 
-def _pools(op: str, a: dict, layout) -> tuple[str, str, CacheShape, CacheShape]:
+def pools(op: str, a: dict, layout) -> tuple[str, str, CacheShape, CacheShape]:
     """Validated (k_layout, v_layout, k CacheShape, v CacheShape) of two pools."""
     k_layout, v_layout = parse_layout(op, layout)
     k = cache_shape(op, "k_pool", a["k_pool"], k_layout)
@@ -51,7 +51,7 @@ def _pools(op: str, a: dict, layout) -> tuple[str, str, CacheShape, CacheShape]:
 # ---- paged_kv_append ----------------------------------------------------------------------------
 def _validate_append(a: dict, layout, on_host: bool = False):
     op = "paged_kv_append"
-    k_layout, v_layout, k, v = _pools(op, a, layout)
+    k_layout, v_layout, k, v = pools(op, a, layout)
     require(op, "k_new", a["k_new"])
     check_rank(op, "k_new", a["k_new"], 3, "[T, Hkv, Dk]")
     tokens = a["k_new"].shape[0]
@@ -99,15 +99,18 @@ def paged_kv_append(k_new, v_new, k_pool, v_pool, slot_mapping, *, layout="HND",
 
 
 # ---- paged_decode ------------------------------------------------------------------------------
-def paged_source(op: str, a: dict, layout) -> KvSource:
-    k_layout, v_layout, k, v = _pools(op, a, layout)
+def paged_source(op: str, a: dict, layout, batch: int | None = None) -> KvSource:
+    """The pools and block table of a paged call; the table has a row for each of `batch`
+    sequences (default: q's batch axis)."""
+    k_layout, v_layout, k, v = pools(op, a, layout)
     require(op, "q", a["q"])
     require(op, "block_table", a["block_table"])
     table = a["block_table"]
     check_rank(op, "block_table", table, 2, "[B, max_pages]")
     if np.dtype(table.dtype) != np.int32:
         raise TypeError(f"{op}: block_table must be int32, got {table.dtype}")
-    batch = a["q"].shape[0] if a["q"].ndim else 0
+    if batch is None:
+        batch = a["q"].shape[0] if a["q"].ndim else 0
     if table.shape[0] != batch or table.shape[1] == 0:
         raise ValueError(f"{op}: block_table must have shape (B={batch}, max_pages >= 1), got {tuple(table.shape)}")
     if isinstance(table, DeviceArray) and table.shape[1] > 1 and table.strides[1] != 4:
@@ -118,7 +121,7 @@ def paged_source(op: str, a: dict, layout) -> KvSource:
     return KvSource(("k_pool", "v_pool", "block_table"), k_layout, v_layout, k, v, capacity, k.pages, k.tokens)
 
 
-def _check_host_pages(op: str, a: dict, src: KvSource) -> None:
+def check_host_pages(op: str, a: dict, src: KvSource) -> None:
     """NumPy calls: the page ids a row will read (those under its live length) are in the pool."""
     table, lengths = a["block_table"], a["seq_lens"]
     for row in range(table.shape[0]):
@@ -132,7 +135,7 @@ def _validate_decode(a: dict, layout, scale, softcap, window, return_lse, k_scal
     src = paged_source(op, a, layout)
     checked = validate_decode(op, a, src, scale, softcap, window, return_lse, k_scale, v_scale, on_host)
     if on_host:
-        _check_host_pages(op, a, src)
+        check_host_pages(op, a, src)
     return checked
 
 

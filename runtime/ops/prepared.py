@@ -71,7 +71,7 @@ class Binding:
         self.context = 0  # the context its kernels were looked up in (set by Op.build)
         self.launches: list[Launch] = []
         self.slots: list[list] = [[] for _ in op.arrays]  # per argument: [(view, offset)]
-        self.makes: dict[int, tuple] = {}  # argument -> (shape, dtype, byte strides, bytes)
+        self.makes: dict[int, tuple] = {}  # argument -> (shape, dtype, byte strides, bytes, fill)
         self.workspace_bytes = 0
         self.returns: tuple[str, ...] = ()
         self.returns_tuple = False
@@ -84,14 +84,16 @@ class Binding:
     def point(self, name: str, launch: Launch, field: str, offset: int = 0) -> None:
         self.slots[self.op.index[name]].append((launch.pointer(field), offset))
 
-    def make(self, name: str, shape, dtype) -> None:
+    def make(self, name: str, shape, dtype, fill: int | None = None) -> None:
+        """`fill`: a 32-bit word the output is filled with when made (for outputs whose every
+        element the kernels need not write), else None (left as allocated)."""
         dtype = np.dtype(dtype)
         strides, step = [], dtype.itemsize
         for n in reversed(shape):
             strides.append(step)
             step *= max(int(n), 1)
         shape = tuple(int(n) for n in shape)
-        self.makes[self.op.index[name]] = (shape, dtype, tuple(reversed(strides)), step)
+        self.makes[self.op.index[name]] = (shape, dtype, tuple(reversed(strides)), step, fill)
 
     def result(self, *names: str, as_tuple: bool = False) -> None:
         self.returns = names
@@ -112,10 +114,16 @@ class Binding:
         if not persistent and stream.ptr and stream.is_capturing():
             raise CaptureAllocationError(self._capture_message(arrays))
         pool_stream = None if persistent else stream
-        for index, (shape, dtype, strides, nbytes) in self.makes.items():
+        for index, (shape, dtype, strides, nbytes, fill) in self.makes.items():
             if arrays[index] is None:
                 buffer = DeviceBuffer(nbytes, self.device, pool_stream)
                 arrays[index] = DeviceArray.view(buffer.ptr, shape, dtype, strides, self.device, buffer, stream)
+                if fill is not None and nbytes:
+                    with on_device(self.device):
+                        if fill == 0:
+                            call(cu.cuMemsetD8Async, buffer.ptr, 0, nbytes, stream.handle)
+                        else:  # a 4-byte element's pattern
+                            call(cu.cuMemsetD32Async, buffer.ptr, fill, nbytes // 4, stream.handle)
         if not needs_workspace:
             return 0
         if persistent:
@@ -126,7 +134,7 @@ class Binding:
         return stream_workspace(self.device, stream, self.workspace_bytes)
 
     def _capture_message(self, arrays: list) -> str:
-        missing = [f"{self.op.arrays[i]} ({nbytes:,} bytes)" for i, (_, _, _, nbytes) in self.makes.items()
+        missing = [f"{self.op.arrays[i]} ({nbytes:,} bytes)" for i, (_, _, _, nbytes, _) in self.makes.items()
                    if arrays[i] is None]
         if self.workspace_bytes and arrays[self.op.workspace_index] is None:
             missing.append(f"workspace ({self.workspace_bytes:,} bytes)")
