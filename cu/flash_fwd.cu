@@ -95,9 +95,9 @@ __device__ __forceinline__ long long mask_offset(const FlashFwdParams& p, int b,
 }
 
 // Scaled, softcapped, masked score in the base-2 domain (-inf = not attended).
-__device__ __forceinline__ float score_log2(const FlashFwdParams& p, const SeqTile& st, const KeyWindow& win,
+__device__ __forceinline__ float score_log2(const FlashFwdParams& p, int seq_q, int seq_kv, const KeyWindow& win,
                                             float dot, int b, int h, int i, int j) {
-  if (j >= st.seq_kv || i >= st.seq_q || !key_visible(win, i, j)) return neg_inf();
+  if (j >= seq_kv || i >= seq_q || !key_visible(win, i, j)) return neg_inf();
   float x = apply_softcap(dot * p.scale, p.softcap) * kLog2e;
   if (p.mask_kind != MASK_NONE) x += mask_bias_log2(p.mask_kind, p.mask, mask_offset(p, b, h, i, j));
   return x;
@@ -152,23 +152,24 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   T* sq = Tile::Q_IN_STAGE ? stages + (STAGES - 1) * STAGE_ELEMS : stages + STAGES * STAGE_ELEMS;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  SeqTile st;
-  if (!resolve_tile<BR>(p, st)) return;
-  const int m0 = st.m0, seq_q = st.seq_q, seq_kv = st.seq_kv;
-  const int h = blockIdx.y, b = st.b;
+  __shared__ SeqTile tile_info;
+  __shared__ int tile_found;
+  if (!resolve_tile<BR>(p, tile_info, tile_found)) return;
+  const TileRef st{tile_info};
+  const int m0 = st.m0();
+  const int h = blockIdx.y;
   const int hk = h / (p.heads_q / p.heads_kv);
-  const int rows = min(BR, seq_q - m0);
+  const int rows = min(BR, st.seq_q() - m0);
   const bool vector_io = p.vector_io != 0;
-  const KeyWindow win{st.diag_offset, p.window_left, p.window_right};
 
-  const T* gq = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
-                (st.q_tok0 + m0) * p.q_seq_stride;
+  const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
+                (st.q_tok0() + m0) * p.q_seq_stride;
 
   int tile_begin, tile_end;
-  key_tile_range<BC>(seq_kv, win, m0, m0 + rows - 1, tile_begin, tile_end);
+  key_tile_range<BC>(st.seq_kv(), st.window(p), m0, m0 + rows - 1, tile_begin, tile_end);
 
   auto load_kv = [&](int stage, int tile) {
-    const int n0 = tile * BC;
+    const int n0 = tile * BC, b = st.b(), seq_kv = st.seq_kv();
     T* sk = stages + stage * STAGE_ELEMS;
     if (p.block_table != nullptr) {  // paged: the batch strides step pages
       load_paged_tile<T, BC, DQK, NT>(sk, p, static_cast<const T*>(p.k) + hk * p.k_head_stride,
@@ -180,9 +181,9 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
     // Recomputed from the parameters each time: cheaper than two 64-bit registers held
     // through the key loop.
     const T* gk = static_cast<const T*>(p.k) + b * p.k_batch_stride + hk * p.k_head_stride +
-                  (st.k_tok0 + n0) * p.k_seq_stride;
+                  (st.k_tok0() + n0) * p.k_seq_stride;
     const T* gv = static_cast<const T*>(p.v) + b * p.v_batch_stride + hk * p.v_head_stride +
-                  (st.k_tok0 + n0) * p.v_seq_stride;
+                  (st.k_tok0() + n0) * p.v_seq_stride;
     load_tile<T, BC, DQK, NT>(sk, gk, p.k_seq_stride, seq_kv - n0, p.dim_qk, vector_io, tid);
     load_tile<T, BC, DV, NT>(sk + BC * DQK, gv, p.v_seq_stride, seq_kv - n0, p.dim_v, vector_io, tid);
   };
@@ -280,14 +281,17 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       // element by element. Plain kernels keep raw dot products, folding scale * log2 e
       // into the exponent's FFMA, and on tiles that straddle an edge (causal/window
       // diagonal, Skv end) only cut the keys outside each row's range.
+      const int seq_kv = st.seq_kv();
+      const KeyWindow win = st.window(p);
       if constexpr (GENERAL) {
+        const int seq_q = st.seq_q(), b = st.b();
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int n = 0; n < STILES; ++n)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-              s[mt][n][e] = score_log2(p, st, win, s[mt][n][e], b, h, my_row + 16 * mt + (e >> 1) * 8,
+              s[mt][n][e] = score_log2(p, seq_q, seq_kv, win, s[mt][n][e], b, h, my_row + 16 * mt + (e >> 1) * 8,
                                        n0 + n * 8 + 2 * (lane & 3) + (e & 1));
       } else if (n0 + BC > seq_kv || n0 < first_visible_key(win, warp_row0 + WR - 1) ||
                  n0 + BC - 1 > last_visible_key(win, warp_row0)) {
@@ -358,6 +362,8 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   }
 
   // Finish: quad-reduce the row sums (fixed xor order), normalise, store.
+  const int seq_q = st.seq_q(), b = st.b();
+  const long long q_tok0 = st.q_tok0();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -369,7 +375,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       if (row >= seq_q) continue;
       const RowResult res = finish_row(p, h, row_max[mt][r], sum);
       T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
-              (st.q_tok0 + row) * p.o_seq_stride;
+              (q_tok0 + row) * p.o_seq_stride;
 #pragma unroll
       for (int d = 0; d < OTILES; ++d) {
         const int col = d * 8 + 2 * (lane & 3);
@@ -382,7 +388,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
           if (col + 1 < p.dim_v) go[col + 1] = from_float<T>(hi);
         }
       }
-      if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, st, h, row, res.lse);
+      if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
     }
 }
 
@@ -402,8 +408,10 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
   float* sq = sv + 32 * p.dim_v;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  SeqTile st;
-  if (!resolve_tile<F32_WARPS>(p, st)) return;
+  __shared__ SeqTile tile_info;
+  __shared__ int tile_found;
+  if (!resolve_tile<F32_WARPS>(p, tile_info, tile_found)) return;
+  const SeqTile st = tile_info;  // the SIMT kernel has registers to spare
   const int m0 = st.m0, seq_q = st.seq_q, seq_kv = st.seq_kv;
   const int h = blockIdx.y, b = st.b;
   const int hk = h / (p.heads_q / p.heads_kv);
@@ -451,7 +459,7 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
 
     float dot = 0.f;
     for (int d = 0; d < p.dim_qk; ++d) dot = fmaf(sq[warp * p.dim_qk + d], sk[lane * k_pitch + d], dot);
-    const float x = score_log2(p, st, win, dot, b, h, row, n0 + lane);
+    const float x = score_log2(p, seq_q, seq_kv, win, dot, b, h, row, n0 + lane);
 
     float mx = x;
 #pragma unroll
@@ -486,7 +494,7 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
     const int d = lane + 32 * c;
     if (d < p.dim_v) go[d] = res.inv == 0.f ? 0.f : acc[c] * res.inv;
   }
-  if (p.lse != nullptr && lane == 0) store_lse(p, st, h, row, res.lse);
+  if (p.lse != nullptr && lane == 0) store_lse(p, b, st.q_tok0, h, row, res.lse);
 }
 
 }  // namespace ptxattn

@@ -78,13 +78,13 @@ __device__ __forceinline__ int sequence_tiles(const FlashFwdParams& p, int b, bo
   return n >= p.min_queries && n > 0 ? (n + BR - 1) / BR : 0;
 }
 
-// Which rows this block serves; false when none (a spare block of a serving grid). Dense:
-// grid (query blocks, Hq, B). Serving: grid (tile budget, Hq, 1); block x is the x-th tile
-// counting sequence by sequence (each sequence's heaviest tile first when heavy_first), found
-// by a warp-wide scan of the offsets 32 sequences at a time. Warp 0 of block (0, 0) scans
-// every sequence and reports bad ones to the fault buffer.
+// Which rows this block serves, as warp 0 finds them; false when none (a spare block of a
+// serving grid). Dense: grid (query blocks, Hq, B). Serving: grid (tile budget, Hq, 1); block x
+// is the x-th tile counting sequence by sequence (each sequence's heaviest tile first when
+// heavy_first), found by a warp-wide scan of the offsets 32 sequences at a time. Warp 0 of
+// block (0, 0) scans every sequence and reports bad ones to the fault buffer.
 template <int BR>
-__device__ __forceinline__ bool resolve_tile(const FlashFwdParams& p, SeqTile& t) {
+__device__ __forceinline__ bool find_tile(const FlashFwdParams& p, SeqTile& t) {
   if (p.cu_seqlens_q == nullptr) {
     const int num_blocks = (p.seq_q + BR - 1) / BR;
     t.b = blockIdx.z;
@@ -130,6 +130,41 @@ __device__ __forceinline__ bool resolve_tile(const FlashFwdParams& p, SeqTile& t
   return true;
 }
 
+template <class T>
+__device__ __forceinline__ T fresh(const T& x) { return *static_cast<const volatile T*>(&x); }
+
+// The block's SeqTile in shared memory, each field read afresh where it is used, so that none
+// of it stays in registers through the key loop: the kernels run at their register caps, and
+// holding these fields cost the plain d128 mma.sync kernel 164 bytes of spills.
+struct TileRef {
+  const SeqTile& t;
+  __device__ __forceinline__ int b() const { return fresh(t.b); }
+  __device__ __forceinline__ int m0() const { return fresh(t.m0); }
+  __device__ __forceinline__ int seq_q() const { return fresh(t.seq_q); }
+  __device__ __forceinline__ int seq_kv() const { return fresh(t.seq_kv); }
+  __device__ __forceinline__ long long q_tok0() const { return fresh(t.q_tok0); }
+  __device__ __forceinline__ long long k_tok0() const { return fresh(t.k_tok0); }
+  __device__ __forceinline__ KeyWindow window(const FlashFwdParams& p) const {
+    return KeyWindow{fresh(t.diag_offset), p.window_left, p.window_right};
+  }
+};
+
+// Finds the block's rows (warp 0) and shares them with every thread through `shared`; false
+// (for the whole block) when it has none.
+template <int BR>
+__device__ __forceinline__ bool resolve_tile(const FlashFwdParams& p, SeqTile& shared, int& found) {
+  if (threadIdx.x < 32) {
+    SeqTile t;
+    const bool any = find_tile<BR>(p, t);
+    if (threadIdx.x == 0) {
+      shared = t;
+      found = any;
+    }
+  }
+  __syncthreads();
+  return fresh(found) != 0;
+}
+
 // Key `key` of kv head hk of sequence b in a paged pool (k or v: base, page / token strides),
 // or null for a page id outside the pool (reported; its row then loads as zeros).
 template <class T>
@@ -159,9 +194,10 @@ __device__ __forceinline__ void key_tile_range(int seq_kv, const KeyWindow& win,
   end = hi >= lo ? static_cast<int>(hi / BC) + 1 : begin;
 }
 
-// lse of query row `row` of the block's sequence.
-__device__ __forceinline__ void store_lse(const FlashFwdParams& p, const SeqTile& st, int h, int row, float lse) {
-  p.lse[st.b * p.lse_batch_stride + h * p.lse_head_stride + (st.q_tok0 + row) * p.lse_seq_stride] = lse;
+// lse of query row `row` of sequence b, whose queries start at token q_tok0.
+__device__ __forceinline__ void store_lse(const FlashFwdParams& p, int b, long long q_tok0, int h, int row,
+                                          float lse) {
+  p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_tok0 + row) * p.lse_seq_stride] = lse;
 }
 
 // Writes one output row's finished values: o = acc / denom, lse without the sink.

@@ -161,28 +161,51 @@ __device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long ro
   }
 }
 
-// As load_tile, for a paged pool: row r is key n0 + r of sequence b.
+// Paged pools: the page ids of one ROWS-key tile (one per page it spans) are copied into
+// shared memory a tile ahead, with the K/V copies of the tile before, so that no copy waits
+// for a block-table read (reading each row's id from the table as its copy is issued ran
+// 0.75x the contiguous rate).
+template <int ROWS>
+__device__ __forceinline__ void fetch_page_ids(int* ids, const FlashFwdParams& p, int b, int n0, int seq_kv) {
+  const int count = max(1, ROWS >> p.page_size_log2), i = threadIdx.x;
+  if (i < count) {
+    const int key = n0 + (i << p.page_size_log2);
+    cp_async_4_or_zero(ids + i, p.block_table + b * p.block_table_stride + (key >> p.page_size_log2), key < seq_kv);
+  }
+}
+
+// As load_tile, for a paged pool: row r is key n0 + r (n0 a multiple of ROWS), in page
+// ids[r >> page_size_log2]; a page outside the pool is reported and its rows become zeros.
 template <class T, int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_paged_tile(unsigned dst, const FlashFwdParams& p, const T* pool,
-                                                long long page_stride, long long tok_stride, int b, int n0,
-                                                int rows_valid) {
+                                                long long page_stride, long long tok_stride, const int* ids,
+                                                int b, int n0, int rows_valid) {
   constexpr int kChunksPerRow = D / 8, kStep = THREADS / kChunksPerRow;
   constexpr int kIters = (ROWS + kStep - 1) / kStep;
   const int tid = threadIdx.x, r0 = tid / kChunksPerRow, c = tid % kChunksPerRow;
   const unsigned d0 = dst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
+  const int in_page = (1 << p.page_size_log2) - 1;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
     const int r = r0 + i * kStep;
     if (ROWS % kStep != 0 && r >= ROWS) break;
-    const T* row = r < rows_valid ? paged_row(p, pool, page_stride, tok_stride, b, n0 + r) : nullptr;
+    const int page = ids[r >> p.page_size_log2];
+    bool read = r < rows_valid;
+    if (read && (page < 0 || page >= p.num_pages)) {
+      raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, page);
+      read = false;
+    }
+    const T* row = pool + page * page_stride + ((n0 + r) & in_page) * tok_stride + c * 8;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0 + i * kStep * 128),
-                 "l"(row != nullptr ? row + c * 8 : pool), "r"(row != nullptr ? 16 : 0));
+                 "l"(read ? row : pool), "r"(read ? 16 : 0));
   }
 }
 
 extern __shared__ __align__(1024) unsigned char smem[];
 
-template <class T, class Tile>
+// PAGED: K and V in a paged pool (a kernel of its own: the paged copies' registers made the
+// d128 kernel spill beside O and S, paged or not).
+template <class T, class Tile, bool PAGED>
 __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   constexpr int D = Tile::D, ROWS = Tile::ROWS, KEYS = Tile::KEYS, THREADS = Tile::THREADS;
   constexpr int O_REGS = D / 2;  // fp32 accumulators of O a thread
@@ -192,26 +215,36 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   auto v_addr = [&](int stage) { return k_addr(stage) + Tile::KV_BYTES; };
 
   const int tid = threadIdx.x, group = tid >> 7, lane = tid & 31, warp_in_group = (tid >> 5) & 3;
-  SeqTile st;
-  if (!resolve_tile<ROWS>(p, st)) return;
-  const int m0 = st.m0, seq_q = st.seq_q, seq_kv = st.seq_kv;
-  const int h = blockIdx.y, b = st.b;
+  __shared__ SeqTile tile_info;
+  __shared__ int tile_found;
+  __shared__ int page_ids[2][KEYS];  // paged pools: a tile's page ids, two tiles in flight
+  if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;
+  const TileRef st{tile_info};
+  const int m0 = st.m0();
+  const int h = blockIdx.y;
   const int hk = h / (p.heads_q / p.heads_kv);
-  const KeyWindow win{st.diag_offset, p.window_left, p.window_right};
 
   int tile_begin, tile_end;
-  key_tile_range<KEYS>(seq_kv, win, m0, min(m0 + ROWS, seq_q) - 1, tile_begin, tile_end);
+  key_tile_range<KEYS>(st.seq_kv(), st.window(p), m0, min(m0 + ROWS, st.seq_q()) - 1, tile_begin, tile_end);
 
-  const bool paged = p.block_table != nullptr;  // then the batch strides step pages
-  const T* gk = static_cast<const T*>(p.k) + (paged ? 0 : b * p.k_batch_stride + st.k_tok0 * p.k_seq_stride) +
-                hk * p.k_head_stride;
-  const T* gv = static_cast<const T*>(p.v) + (paged ? 0 : b * p.v_batch_stride + st.k_tok0 * p.v_seq_stride) +
-                hk * p.v_head_stride;
+  // Paged, the batch strides step pages.
+  const T* gk = static_cast<const T*>(p.k) +
+                (PAGED ? 0 : st.b() * p.k_batch_stride + st.k_tok0() * p.k_seq_stride) + hk * p.k_head_stride;
+  const T* gv = static_cast<const T*>(p.v) +
+                (PAGED ? 0 : st.b() * p.v_batch_stride + st.k_tok0() * p.v_seq_stride) + hk * p.v_head_stride;
+  // Copies tile `tile`'s K and V into `stage` (and, paged, the page ids of the tile after it).
   auto load_kv = [&](int stage, int tile) {
-    const int n0 = tile * KEYS;
-    if (paged) {
-      load_paged_tile<T, KEYS, D, THREADS>(k_addr(stage), p, gk, p.k_batch_stride, p.k_seq_stride, b, n0, seq_kv - n0);
-      load_paged_tile<T, KEYS, D, THREADS>(v_addr(stage), p, gv, p.v_batch_stride, p.v_seq_stride, b, n0, seq_kv - n0);
+    const int n0 = tile * KEYS, seq_kv = st.seq_kv();
+    if constexpr (PAGED) {
+      const int b = st.b();
+      const int* ids = page_ids[tile & 1];
+      load_paged_tile<T, KEYS, D, THREADS>(k_addr(stage), p, gk, p.k_batch_stride, p.k_seq_stride, ids, b, n0,
+                                           seq_kv - n0);
+      load_paged_tile<T, KEYS, D, THREADS>(v_addr(stage), p, gv, p.v_batch_stride, p.v_seq_stride, ids, b, n0,
+                                           seq_kv - n0);
+      // page_ids[(tile + 1) & 1] was last read by the copies of tile - 1, before the barrier
+      // that precedes this call.
+      if (tile + 1 < tile_end) fetch_page_ids<KEYS>(page_ids[(tile + 1) & 1], p, b, n0 + KEYS, seq_kv);
       return;
     }
     load_tile<T, KEYS, D, THREADS>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, seq_kv - n0);
@@ -228,9 +261,15 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   const float mul = p.scale * kLog2e;
 
   if (tile_begin < tile_end) {
-    const T* gq = static_cast<const T*>(p.q) + b * p.q_batch_stride + h * p.q_head_stride +
-                  (st.q_tok0 + m0) * p.q_seq_stride;
-    load_tile<T, ROWS, D, THREADS>(q_addr, gq, p.q_seq_stride, seq_q - m0);
+    const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
+                  (st.q_tok0() + m0) * p.q_seq_stride;
+    if constexpr (PAGED) {  // the first tile's page ids, before its copies
+      fetch_page_ids<KEYS>(page_ids[tile_begin & 1], p, st.b(), tile_begin * KEYS, st.seq_kv());
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+    }
+    load_tile<T, ROWS, D, THREADS>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0);
     load_kv(0, tile_begin);
     cp_async_commit();
 
@@ -258,7 +297,8 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       fence_registers(s);
 
       // Keys outside a row's causal/window range or past Skv, on the tiles that have any.
-      const int n0 = t * KEYS;
+      const int n0 = t * KEYS, seq_kv = st.seq_kv();
+      const KeyWindow win = st.window(p);
       if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
           n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
         const int col0 = n0 + 2 * (lane & 3);
@@ -318,6 +358,8 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   }
 
   // Finish: quad-reduce the row sums (fixed xor order), normalise, store.
+  const int seq_q = st.seq_q(), b = st.b();
+  const long long q_tok0 = st.q_tok0();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float sum = row_sum[r];
@@ -326,14 +368,14 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
     const int row = my_row + 8 * r;
     if (row >= seq_q) continue;
     const RowResult res = finish_row(p, h, row_max[r], sum);
-    T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (st.q_tok0 + row) * p.o_seq_stride;
+    T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (q_tok0 + row) * p.o_seq_stride;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
       const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
       *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
     }
-    if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, st, h, row, res.lse);
+    if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
   }
 }
 
@@ -343,10 +385,15 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 // ---- entry points: the flash_fwd_sm90 table of cu/variants.json ---------------------------
 // scripts/build_ptx.py compiles this file with variants.inc made from it, one FLASH_FWD_SM90
 // line a kernel.
-#define FLASH_FWD_SM90(NAME, T, D, GROUPS)                                              \
-  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1) \
-      NAME(const ptxattn::FlashFwdParams p) {                                          \
-    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>>(p);          \
+// NAME reads K and V through strides (dense and ragged calls), NAME##_paged through a block table.
+#define FLASH_FWD_SM90(NAME, T, D, GROUPS)                                                       \
+  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1)     \
+      NAME(const ptxattn::FlashFwdParams p) {                                                   \
+    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, false>(p);            \
+  }                                                                                              \
+  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1)     \
+      NAME##_paged(const ptxattn::FlashFwdParams p) {                                           \
+    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, true>(p);             \
   }
 
 // Three warpgroups: while one runs its softmax the others keep the tensor cores busy.

@@ -112,8 +112,9 @@ class Sm90Tile:
         # Q, two stages of K and V, and 1024 bytes to align the base for the swizzle.
         return 2 * self.dim * (self.rows + 4 * 128) + 1024
 
-    def kernel(self, dtype: str) -> str:
-        return f"flash_fwd_sm90_{dtype}_d{self.dim}"
+    def kernel(self, dtype: str, paged: bool = False) -> str:
+        """The entry point for `dtype`; `paged` K/V (a block table) have one of their own."""
+        return f"flash_fwd_sm90_{dtype}_d{self.dim}{'_paged' if paged else ''}"
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def _flash_fwd_sm90(info):
     for v in info["variants"]:
         for dtype in info["dtypes"]:
             name = f"flash_fwd_sm90_{dtype}_d{v['dim']}"
-            yield f"FLASH_FWD_SM90({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']})", [name]
+            yield f"FLASH_FWD_SM90({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']})", [name, f"{name}_paged"]
 
 
 def _decode(info):

@@ -79,10 +79,15 @@ def ragged_batch(rng, lens_q, lens_k, hq, hkv, dqk, dv, dtype, lead=3, tail=5):
     return q, k, v, cu_q, cu_k
 
 
+def on_device(options: dict) -> dict:
+    """The options with sinks as a device array (a call takes all its arrays from one side)."""
+    return {k: ptxattn.asarray(v) if k == "sinks" else v for k, v in options.items()}
+
+
 def run_ragged(rng, q, k, v, cu_q, cu_k, **options):
     guard = GuardedRows(rng, q.shape[0], q.shape[1], v.shape[2], q.dtype)
     ptxattn.ragged_attention(ptxattn.asarray(q), ptxattn.asarray(k), ptxattn.asarray(v), ptxattn.asarray(cu_q),
-                             ptxattn.asarray(cu_k), **options, **guard.kwargs)
+                             ptxattn.asarray(cu_k), **on_device(options), **guard.kwargs)
     return guard.check(covered_rows(q.shape[0], cu_q))
 
 
@@ -191,7 +196,7 @@ class PagedBatch:
 
     def run(self, rng, **options):
         guard = GuardedRows(rng, self.q.shape[0], self.q.shape[1], self.v_pool.shape[3], self.q.dtype)
-        ptxattn.paged_attention(*self.device_args(), layout=self.layout, **options, **guard.kwargs)
+        ptxattn.paged_attention(*self.device_args(), layout=self.layout, **on_device(options), **guard.kwargs)
         return guard.check(covered_rows(self.q.shape[0], self.qo))
 
 

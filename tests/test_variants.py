@@ -22,7 +22,8 @@ def test_views_name_every_kernel_of_the_manifest():
     assert {v.kernel(dt, general) for v in sdpa_tiles().values() for dt in sdpa_dtypes
             for general in (False, True)} | {"flash_fwd_f32"} == kernels("flash_fwd")
     sm90_dtypes = manifest()["families"]["flash_fwd_sm90"]["dtypes"]
-    assert {t.kernel(dt) for t in sm90_tiles().values() for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
+    assert {t.kernel(dt, paged) for t in sm90_tiles().values() for dt in sm90_dtypes
+            for paged in (False, True)} == kernels("flash_fwd_sm90")
     assert {t.kernel for dt in DTYPES for kv in (None, "e4m3", "e5m2") for t in decode_d_tiles(dt, kv)} == \
         kernels("decode")
     assert {f"merge_{a}_{b}" for a, b in merge_dtypes()} == kernels("merge")

@@ -145,16 +145,16 @@ class KernelPlan:
     shared: int
 
 
-def plan_kernel(dtype, dqk, dv, general, wgmma) -> KernelPlan:
+def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False) -> KernelPlan:
     """The kernel for q's dtype and head dims; `general` picks the per-element score path
     (mask, softcap or scale <= 0); `wgmma` says the device runs the sm_90a kernels and the
-    tensors are 16-byte aligned."""
+    tensors are 16-byte aligned; `paged`: K and V come through a block table."""
     if dtype == np.float32:
         k_pitch = dqk | 1
         return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk))
     if wgmma and not general and dqk == dv and dqk in sm90_tiles():
         tile = sm90_tiles()[dqk]
-        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
+        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes)
     variant = _pick_variant(dqk, dv)
     tile = variant.general if general else variant.plain
     return KernelPlan(variant.kernel(_DTYPE_NAME[dtype], general), tile.rows, tile.threads, tile.shared_bytes)

@@ -246,7 +246,7 @@ def _bind_tiles(binding, a: dict, c: _Checked, kv_strides, serving, names, block
     dtype = np.dtype(q.dtype)
     vector_io = dtype != np.float32 and vector_io_ok([a[n] for n in ("q", "k", "v", "out") if n in a])
     general = c.softcap > 0 or c.scale <= 0
-    plan = plan_kernel(dtype, dqk, dv, general, vector_io and runs_wgmma(binding.device))
+    plan = plan_kernel(dtype, dqk, dv, general, vector_io and runs_wgmma(binding.device), paged=block_table_stride > 0)
     params = flash_params(_token_strides(q, q.shape), *kv_strides, _token_strides(out, (nq, hq, dv)),
                           _token_strides(a["out_lse"], (nq, hq)), c.left, c.right, c.scale, c.softcap, vector_io,
                           heads=(hq, hkv), dims=(dqk, dv), block_table_stride=block_table_stride,
