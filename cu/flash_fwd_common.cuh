@@ -55,27 +55,28 @@ struct SeqTile {
 
 // A serving batch's sequence b, checked: its query and key ranges and how many tiles of BR
 // rows it gets. Bad offsets or lengths give no tile (the checker reports them).
+struct Sequence {
+  int tiles, q0, seq_q, k0, seq_kv;
+};
 template <int BR>
-__device__ __forceinline__ int sequence_tiles(const FlashFwdParams& p, int b, bool report) {
+__device__ __forceinline__ Sequence sequence_at(const FlashFwdParams& p, int b, bool report) {
   const int q0 = p.cu_seqlens_q[b], q1 = p.cu_seqlens_q[b + 1];
   bool ok = q0 >= 0 && q1 >= q0 && q1 <= p.tokens_q;
-  int value = q1;
+  int k0 = 0, k1, code = FAULT_BAD_OFFSETS, value = q1;
   if (p.cu_seqlens_k != nullptr) {
-    const int k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
+    k0 = p.cu_seqlens_k[b], k1 = p.cu_seqlens_k[b + 1];
     if (ok && !(k0 >= 0 && k1 >= k0 && k1 <= p.tokens_k)) ok = false, value = k1;
   } else {
-    const int len = p.seq_lens_k[b];
-    if (ok && !(len >= 0 && len <= p.kv_capacity)) {
-      if (report) raise_fault(p.fault, len < 0 ? FAULT_NEGATIVE_LENGTH : FAULT_PAST_CAPACITY, b, len);
-      return 0;
-    }
+    k1 = p.seq_lens_k[b];
+    if (ok && !(k1 >= 0 && k1 <= p.kv_capacity))
+      ok = false, code = k1 < 0 ? FAULT_NEGATIVE_LENGTH : FAULT_PAST_CAPACITY, value = k1;
   }
   if (!ok) {
-    if (report) raise_fault(p.fault, FAULT_BAD_OFFSETS, b, value);
-    return 0;
+    if (report) raise_fault(p.fault, code, b, value);
+    return {0, 0, 0, 0, 0};
   }
   const int n = q1 - q0;
-  return n >= p.min_queries && n > 0 ? (n + BR - 1) / BR : 0;
+  return {n >= p.min_queries && n > 0 ? (n + BR - 1) / BR : 0, q0, n, k0, k1 - k0};
 }
 
 // Which rows this block serves, as warp 0 finds them; false when none (a spare block of a
@@ -95,39 +96,33 @@ __device__ __forceinline__ bool find_tile(const FlashFwdParams& p, SeqTile& t) {
   const int lane = threadIdx.x & 31;
   const bool checker = blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 32;
   const int want = blockIdx.x;
-  int before = 0, b = -1, tile = 0, tiles_b = 0;
-  for (int b0 = 0; b0 < p.num_seqs; b0 += 32) {
-    const int mine = b0 + lane < p.num_seqs ? sequence_tiles<BR>(p, b0 + lane, checker) : 0;
-    int upto = mine;  // inclusive prefix sum over the lanes
+  bool found = false;
+  for (int b0 = 0, before = 0; b0 < p.num_seqs; b0 += 32) {
+    const Sequence mine = b0 + lane < p.num_seqs ? sequence_at<BR>(p, b0 + lane, checker) : Sequence{0, 0, 0, 0, 0};
+    int upto = mine.tiles;  // inclusive prefix sum over the lanes
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
       const int x = __shfl_up_sync(0xffffffffu, upto, off);
       if (lane >= off) upto += x;
     }
     const int total = __shfl_sync(0xffffffffu, upto, 31);
-    if (b < 0 && want < before + total) {
+    if (!found && want < before + total) {  // the lane whose sequence holds tile `want`
       const int src = __ffs(__ballot_sync(0xffffffffu, want < before + upto)) - 1;
-      tiles_b = __shfl_sync(0xffffffffu, mine, src);
-      tile = want - (before + __shfl_sync(0xffffffffu, upto, src) - tiles_b);
-      b = b0 + src;
+      const int tiles = __shfl_sync(0xffffffffu, mine.tiles, src);
+      const int tile = want - (before + __shfl_sync(0xffffffffu, upto, src) - tiles);
+      t.b = b0 + src;
+      t.m0 = (p.heavy_first ? tiles - 1 - tile : tile) * BR;
+      t.q_tok0 = __shfl_sync(0xffffffffu, mine.q0, src);
+      t.seq_q = __shfl_sync(0xffffffffu, mine.seq_q, src);
+      t.k_tok0 = __shfl_sync(0xffffffffu, mine.k0, src);
+      t.seq_kv = __shfl_sync(0xffffffffu, mine.seq_kv, src);
+      t.diag_offset = t.seq_kv - t.seq_q;  // serving batches align causal / window bottom-right
+      found = true;
       if (!checker) break;
     }
     before += total;
   }
-  if (b < 0) return false;
-  t.b = b;
-  t.m0 = (p.heavy_first ? tiles_b - 1 - tile : tile) * BR;
-  t.q_tok0 = p.cu_seqlens_q[b];
-  t.seq_q = p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b];
-  if (p.cu_seqlens_k != nullptr) {
-    t.k_tok0 = p.cu_seqlens_k[b];
-    t.seq_kv = p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
-  } else {
-    t.k_tok0 = 0;
-    t.seq_kv = p.seq_lens_k[b];
-  }
-  t.diag_offset = t.seq_kv - t.seq_q;  // serving batches align causal / window bottom-right
-  return true;
+  return found;
 }
 
 template <class T>

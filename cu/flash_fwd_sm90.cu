@@ -174,16 +174,16 @@ __device__ __forceinline__ void fetch_page_ids(int* ids, const FlashFwdParams& p
   }
 }
 
-// As load_tile, for a paged pool: row r is key n0 + r (n0 a multiple of ROWS), in page
-// ids[r >> page_size_log2]; a page outside the pool is reported and its rows become zeros.
+// As load_tile for the K and V tiles at once, from paged pools: row r is key n0 + r (n0 a
+// multiple of ROWS), in page ids[r >> page_size_log2], one page lookup for both; a page
+// outside the pool is reported and its rows become zeros.
 template <class T, int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_paged_tile(unsigned dst, const FlashFwdParams& p, const T* pool,
-                                                long long page_stride, long long tok_stride, const int* ids,
-                                                int b, int n0, int rows_valid) {
+__device__ __forceinline__ void load_paged_kv(unsigned k_dst, unsigned v_dst, const FlashFwdParams& p, const T* k_pool,
+                                              const T* v_pool, const int* ids, int b, int n0, int rows_valid) {
   constexpr int kChunksPerRow = D / 8, kStep = THREADS / kChunksPerRow;
   constexpr int kIters = (ROWS + kStep - 1) / kStep;
   const int tid = threadIdx.x, r0 = tid / kChunksPerRow, c = tid % kChunksPerRow;
-  const unsigned d0 = dst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
+  const unsigned d0 = (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
   const int in_page = (1 << p.page_size_log2) - 1;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
@@ -195,9 +195,14 @@ __device__ __forceinline__ void load_paged_tile(unsigned dst, const FlashFwdPara
       raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, page);
       read = false;
     }
-    const T* row = pool + page * page_stride + ((n0 + r) & in_page) * tok_stride + c * 8;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0 + i * kStep * 128),
-                 "l"(read ? row : pool), "r"(read ? 16 : 0));
+    const int tok = (n0 + r) & in_page;
+    const T* k_row = k_pool + page * p.k_batch_stride + tok * p.k_seq_stride + c * 8;
+    const T* v_row = v_pool + page * p.v_batch_stride + tok * p.v_seq_stride + c * 8;
+    const unsigned offset = d0 + i * kStep * 128;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(k_dst + offset), "l"(read ? k_row : k_pool),
+                 "r"(read ? 16 : 0));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(v_dst + offset), "l"(read ? v_row : v_pool),
+                 "r"(read ? 16 : 0));
   }
 }
 
@@ -237,11 +242,8 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
     const int n0 = tile * KEYS, seq_kv = st.seq_kv();
     if constexpr (PAGED) {
       const int b = st.b();
-      const int* ids = page_ids[tile & 1];
-      load_paged_tile<T, KEYS, D, THREADS>(k_addr(stage), p, gk, p.k_batch_stride, p.k_seq_stride, ids, b, n0,
-                                           seq_kv - n0);
-      load_paged_tile<T, KEYS, D, THREADS>(v_addr(stage), p, gv, p.v_batch_stride, p.v_seq_stride, ids, b, n0,
-                                           seq_kv - n0);
+      load_paged_kv<T, KEYS, D, THREADS>(k_addr(stage), v_addr(stage), p, gk, gv, page_ids[tile & 1], b, n0,
+                                         seq_kv - n0);
       // page_ids[(tile + 1) & 1] was last read by the copies of tile - 1, before the barrier
       // that precedes this call.
       if (tile + 1 < tile_end) fetch_page_ids<KEYS>(page_ids[(tile + 1) & 1], p, b, n0 + KEYS, seq_kv);
