@@ -8,7 +8,6 @@ forward of its whole token history so far. With the float64 reference attention
 this checks the loop itself; with ptxattn.paged_attention (bf16 pools) it checks the op."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from gpu_util import relative_error

@@ -12,12 +12,13 @@ import numpy as np
 
 from ..array import DeviceArray
 from ..dtypes import bfloat16
+from ..memory import ALIGNMENT
 
 __all__ = [
     "ATTENTION_DTYPES", "UNBOUNDED_WINDOW", "MAX_GRID_YZ", "LAYOUTS", "require", "check_flag", "parse_scale",
     "is_real", "parse_softcap", "parse_window", "parse_layout", "check_rank", "check_attention_dtype", "check_same_dtype",
     "check_index_array", "check_row_bytes", "check_unit_last_stride", "check_nonnegative_strides", "check_sinks",
-    "check_output", "check_host_values",
+    "check_output", "check_host_values", "check_workspace_type", "check_workspace_size",
 ]
 
 ATTENTION_DTYPES = {np.dtype(np.float16): "f16", bfloat16: "bf16", np.dtype(np.float32): "f32"}
@@ -168,3 +169,19 @@ def check_host_values(op: str, name: str, values: np.ndarray, low: int, high: in
     if bad.size:
         row = int(bad[0])
         raise ValueError(f"{op}: {name}[{row}] = {int(values.flat[row])} is outside [{low}, {high}] ({what})")
+
+
+def check_workspace_type(op: str, workspace) -> None:
+    """A caller's workspace is a device array (its size is checked against the plan)."""
+    if workspace is not None and not isinstance(workspace, DeviceArray):
+        raise TypeError(f"{op}: workspace must be a device array (ptxattn.empty(({op}_workspace_bytes(...),), "
+                        f"np.uint8)), got {type(workspace).__name__}")
+
+
+def check_workspace_size(op: str, workspace, nbytes: int) -> None:
+    """A caller's workspace holds `nbytes`, contiguous, from an ALIGNMENT-byte boundary."""
+    if workspace is not None and (workspace.nbytes < nbytes or not workspace.is_contiguous
+                                  or workspace.ptr % ALIGNMENT):
+        raise ValueError(f"{op}: workspace must be a contiguous device array of at least {nbytes:,} bytes "
+                         f"starting on a {ALIGNMENT}-byte boundary (see {op}_workspace_bytes), got "
+                         f"{workspace.nbytes:,} bytes at 0x{workspace.ptr:x}")

@@ -18,13 +18,14 @@ import numpy as np
 from ..array import DeviceArray
 from ..context import default_device
 from ..faults import fault_buffer
-from ..memory import ALIGNMENT, WorkspaceLayout
+from ..memory import WorkspaceLayout
 from ..module import ParamStruct
 from ..variants import DECODE_KEYS_PER_BLOCK, DECODE_THREADS, DECODE_WARPS, DecodeTile, decode_d_tiles
 from ..dtypes import bfloat16
 from .checks import (ATTENTION_DTYPES, MAX_GRID_YZ, check_attention_dtype, check_flag, check_host_values,
                      check_index_array, check_output, check_rank, check_row_bytes, check_same_dtype, check_sinks,
-                     parse_layout, parse_scale, parse_softcap, parse_window, require)
+                     parse_layout, parse_scale, parse_softcap, parse_window, require, check_workspace_size,
+                     check_workspace_type)
 from .fp8 import KERNEL_NAMES, KvScale, is_fp8, parse_kv_scale, scale_strides
 from .kv_cache import CacheShape, cache_shape, cache_strides
 from .merge import bind_merge
@@ -271,9 +272,7 @@ def validate_decode(op: str, a: dict, src: KvSource, scale, softcap, window, ret
     left, _ = parse_window(op, window)
     checked_scale, checked_softcap = parse_scale(op, scale, dqk), parse_softcap(op, softcap)
     workspace = a.get("workspace")
-    if workspace is not None and not isinstance(workspace, DeviceArray):
-        raise TypeError(f"{op}: workspace must be a device array (ptxattn.empty(({op}_workspace_bytes(...),), "
-                        f"np.uint8)), got {type(workspace).__name__}")
+    check_workspace_type(op, workspace)
     if on_host:  # NumPy values are read here; the plan is made when the uploaded arrays run
         check_host_values(op, "seq_lens", a["seq_lens"], 0, src.capacity, "a live length")
         return None
@@ -282,11 +281,7 @@ def validate_decode(op: str, a: dict, src: KvSource, scale, softcap, window, ret
     plan = plan_decode(batch=batch, hq=hq, hkv=src.k.heads, sq=sq, dqk=dqk, dv=src.v.dim, capacity=src.capacity,
                        dtype=q.dtype, cache_dtype=cache_dtype, sm_count=device.sm_count,
                        max_shared=device.max_shared_per_block_optin)
-    if workspace is not None and (workspace.nbytes < plan.workspace_bytes or not workspace.is_contiguous
-                                  or workspace.ptr % ALIGNMENT):
-        raise ValueError(f"{op}: workspace must be a contiguous device array of at least "
-                         f"{plan.workspace_bytes:,} bytes starting on a {ALIGNMENT}-byte boundary (see "
-                         f"{op}_workspace_bytes), got {workspace.nbytes:,} bytes at 0x{workspace.ptr:x}")
+    check_workspace_size(op, workspace, plan.workspace_bytes)
     return DecodeChecked(src, plan, checked_scale, checked_softcap, left, return_lse or a["out_lse"] is not None,
                          return_lse, k_scale, v_scale)
 

@@ -25,13 +25,13 @@ import numpy as np
 from ..array import DeviceArray
 from ..context import default_device
 from ..faults import fault_buffer
-from ..memory import ALIGNMENT, WorkspaceLayout
+from ..memory import WorkspaceLayout
 from ..module import ParamStruct
 from .attention import MAX_HEAD_DIM, contiguous, flash_params, plan_kernel, runs_wgmma, vector_io_ok
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_host_values,
                      check_index_array, check_nonnegative_strides, check_output, check_rank, check_row_bytes,
-                     check_same_dtype, check_sinks, check_unit_last_stride, is_real, parse_scale, parse_softcap,
-                     parse_window, require)
+                     check_same_dtype, check_sinks, check_unit_last_stride, check_workspace_size,
+                     check_workspace_type, is_real, parse_scale, parse_softcap, parse_window, require)
 from .decode import MAX_SQ, DecodeChecked, DecodeIO, bind_decode_kernels, d_tile_for, plan_decode
 from .fp8 import is_fp8
 from .kv_cache import cache_strides
@@ -190,10 +190,7 @@ def _validate_paged(a: dict, layout, window, scale, softcap, return_lse, decode_
     if decode_queries and d_tile_for(q.dtype, dqk, dv) is None:
         raise ValueError(f"{op}: the decode kernel has no tile for {q.dtype} with Dqk={dqk}, Dv={dv}: pass "
                          f"decode_queries=0")
-    workspace = a["workspace"]
-    if workspace is not None and not isinstance(workspace, DeviceArray):
-        raise TypeError(f"{op}: workspace must be a device array (ptxattn.empty((paged_attention_workspace_bytes"
-                        f"(...),), np.uint8)), got {type(workspace).__name__}")
+    check_workspace_type(op, a["workspace"])
     fields = dict(vars(checked), source=src, decode_queries=decode_queries)
     if on_host:
         _check_host_offsets(op, "qo_indptr", a["qo_indptr"], nq)
@@ -211,11 +208,7 @@ def _validate_paged(a: dict, layout, window, scale, softcap, return_lse, decode_
     layout = WorkspaceLayout(q_dense=rows * dqk * q.itemsize, o_dense=rows * dv * q.itemsize,
                              lse_dense=rows * 4 if checked.with_lse else 0, dense_lens=batch * 4,
                              decode=plan.workspace_bytes)
-    if workspace is not None and (workspace.nbytes < layout.nbytes or not workspace.is_contiguous
-                                  or workspace.ptr % ALIGNMENT):
-        raise ValueError(f"{op}: workspace must be a contiguous device array of at least {layout.nbytes:,} bytes "
-                         f"starting on a {ALIGNMENT}-byte boundary (see paged_attention_workspace_bytes), got "
-                         f"{workspace.nbytes:,} bytes at 0x{workspace.ptr:x}")
+    check_workspace_size(op, a["workspace"], layout.nbytes)
     decode = DecodeChecked(src, plan, checked.scale, checked.softcap, checked.left, checked.with_lse, False,
                            None, None)
     return _PagedChecked(**dict(fields, decode=decode, workspace=layout))
