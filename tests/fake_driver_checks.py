@@ -251,14 +251,15 @@ def numpy_calls_round_trip() -> None:
 
 def threads_launch_their_own_pointers() -> None:
     """Eight threads calling ops at once: every launch carries its own thread's addresses
-    (the binding a thread writes is its own)."""
+    (the binding a thread writes is its own). Threads are told apart by their Thread objects:
+    an ident can be reused by a thread started after another one ended."""
     seen: dict[int, list[int]] = {}
     lock = threading.Lock()
 
     def recording_launch(function, gx, gy, gz, bx, by, bz, shared, stream, args, extra):
         first_pointer = ctypes.c_uint64.from_address(ctypes.c_void_p.from_address(args).value).value
         with lock:
-            seen.setdefault(threading.get_ident(), []).append(first_pointer)
+            seen.setdefault(threading.current_thread(), []).append(first_pointer)
         return (fake._OK,)
 
     from cuda.bindings import driver as cu
@@ -271,7 +272,7 @@ def threads_launch_their_own_pointers() -> None:
         try:
             arrays = _sdpa_arrays()
             x = ptxattn.empty((9, 100), np.float32)
-            mine[threading.get_ident()] = {arrays["q"].ptr, x.ptr}
+            mine[threading.current_thread()] = {arrays["q"].ptr, x.ptr}
             for _ in range(300):
                 ptxattn.sdpa(**arrays, stream=STREAM)
                 ptxattn.softmax(x, out=ptxattn.empty(x.shape, np.float32), stream=STREAM)
@@ -284,8 +285,8 @@ def threads_launch_their_own_pointers() -> None:
     for t in threads:
         t.join()
     assert not errors, errors
-    for ident, pointers in seen.items():
-        assert set(pointers) <= mine[ident], "a thread launched another thread's arrays"
+    for thread, pointers in seen.items():
+        assert set(pointers) <= mine[thread], "a thread launched another thread's arrays"
     assert sum(len(p) for p in seen.values()) == 8 * 600
 
 
