@@ -253,7 +253,7 @@ def threads_launch_their_own_pointers() -> None:
     """Eight threads calling ops at once: every launch carries its own thread's addresses
     (the binding a thread writes is its own). Threads are told apart by their Thread objects:
     an ident can be reused by a thread started after another one ended."""
-    seen: dict[int, list[int]] = {}
+    seen: dict[threading.Thread, list[int]] = {}
     lock = threading.Lock()
 
     def recording_launch(function, gx, gy, gz, bx, by, bz, shared, stream, args, extra):
@@ -265,7 +265,7 @@ def threads_launch_their_own_pointers() -> None:
     from cuda.bindings import driver as cu
 
     cu.cuLaunchKernel = recording_launch
-    mine: dict[int, set] = {}
+    mine: dict[threading.Thread, set] = {}
     errors = []
 
     def worker():
