@@ -79,27 +79,11 @@ __device__ __forceinline__ Sequence sequence_at(const FlashFwdParams& p, int b, 
   return {n >= p.min_queries && n > 0 ? (n + BR - 1) / BR : 0, q0, n, k0, k1 - k0};
 }
 
-// Tile `rank` (0 = its heaviest when heavy_first) of the sequence lane `src` holds, into t.
-template <int BR>
-__device__ __forceinline__ void take_tile(const FlashFwdParams& p, const Sequence& mine, int b0, int src, int rank,
-                                          SeqTile& t) {
-  const int tiles = __shfl_sync(0xffffffffu, mine.tiles, src);
-  t.b = b0 + src;
-  t.m0 = (p.heavy_first ? tiles - 1 - rank : rank) * BR;
-  t.q_tok0 = __shfl_sync(0xffffffffu, mine.q0, src);
-  t.seq_q = __shfl_sync(0xffffffffu, mine.seq_q, src);
-  t.k_tok0 = __shfl_sync(0xffffffffu, mine.k0, src);
-  t.seq_kv = __shfl_sync(0xffffffffu, mine.seq_kv, src);
-  t.diag_offset = t.seq_kv - t.seq_q;  // serving batches align causal / window bottom-right
-}
-
 // Which rows this block serves, as warp 0 finds them; false when none (a spare block of a
-// serving grid). Dense: grid (query blocks, Hq, B). Serving: grid (tile budget, Hq, 1), block x
-// the x-th tile in this order: with B <= 32, rank by rank (first every sequence's heaviest
-// tile, then every second heaviest, ...), so the long tiles start first and the short ones
-// fill the tail (scripts/bench.py serving, 16 ragged sequences: 0.943x dense sdpa sequence by
-// sequence); with more sequences, sequence by sequence (a warp-wide scan of the offsets 32 at a
-// time). Warp 0 of block (0, 0) reads every sequence and reports bad ones to the fault buffer.
+// serving grid). Dense: grid (query blocks, Hq, B). Serving: grid (tile budget, Hq, 1); block x
+// is the x-th tile counting sequence by sequence (each sequence's heaviest tile first when
+// heavy_first), found by a warp-wide scan of the offsets 32 sequences at a time. Warp 0 of
+// block (0, 0) scans every sequence and reports bad ones to the fault buffer.
 template <int BR>
 __device__ __forceinline__ bool find_tile(const FlashFwdParams& p, SeqTile& t) {
   if (p.cu_seqlens_q == nullptr) {
@@ -112,24 +96,6 @@ __device__ __forceinline__ bool find_tile(const FlashFwdParams& p, SeqTile& t) {
   const int lane = threadIdx.x & 31;
   const bool checker = blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 32;
   const int want = blockIdx.x;
-  if (p.num_seqs <= 32) {
-    const Sequence mine = lane < p.num_seqs ? sequence_at<BR>(p, lane, checker) : Sequence{0, 0, 0, 0, 0};
-    const int total = __reduce_add_sync(0xffffffffu, mine.tiles);
-    if (want >= total) return false;
-    // tiles_before(k) = sum of min(tiles_b, k) counts the tiles of ranks < k; it grows strictly
-    // up to the longest sequence's count, so the rank of tile `want` is the largest k with
-    // tiles_before(k) <= want.
-    int lo = 0, hi = __reduce_max_sync(0xffffffffu, mine.tiles) - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) / 2;
-      if (__reduce_add_sync(0xffffffffu, min(mine.tiles, mid)) <= want) lo = mid; else hi = mid - 1;
-    }
-    const int nth = want - __reduce_add_sync(0xffffffffu, min(mine.tiles, lo));
-    const unsigned ranked = __ballot_sync(0xffffffffu, mine.tiles > lo);  // the sequences with a tile of rank lo
-    const bool hit = (ranked >> lane & 1u) && __popc(ranked & ((1u << lane) - 1u)) == nth;
-    take_tile<BR>(p, mine, 0, __ffs(__ballot_sync(0xffffffffu, hit)) - 1, lo, t);
-    return true;
-  }
   bool found = false;
   for (int b0 = 0, before = 0; b0 < p.num_seqs; b0 += 32) {
     const Sequence mine = b0 + lane < p.num_seqs ? sequence_at<BR>(p, b0 + lane, checker) : Sequence{0, 0, 0, 0, 0};
@@ -142,8 +108,15 @@ __device__ __forceinline__ bool find_tile(const FlashFwdParams& p, SeqTile& t) {
     const int total = __shfl_sync(0xffffffffu, upto, 31);
     if (!found && want < before + total) {  // the lane whose sequence holds tile `want`
       const int src = __ffs(__ballot_sync(0xffffffffu, want < before + upto)) - 1;
-      const int first = before + __shfl_sync(0xffffffffu, upto, src) - __shfl_sync(0xffffffffu, mine.tiles, src);
-      take_tile<BR>(p, mine, b0, src, want - first, t);
+      const int tiles = __shfl_sync(0xffffffffu, mine.tiles, src);
+      const int tile = want - (before + __shfl_sync(0xffffffffu, upto, src) - tiles);
+      t.b = b0 + src;
+      t.m0 = (p.heavy_first ? tiles - 1 - tile : tile) * BR;
+      t.q_tok0 = __shfl_sync(0xffffffffu, mine.q0, src);
+      t.seq_q = __shfl_sync(0xffffffffu, mine.seq_q, src);
+      t.k_tok0 = __shfl_sync(0xffffffffu, mine.k0, src);
+      t.seq_kv = __shfl_sync(0xffffffffu, mine.seq_kv, src);
+      t.diag_offset = t.seq_kv - t.seq_q;  // serving batches align causal / window bottom-right
       found = true;
       if (!checker) break;
     }
