@@ -249,6 +249,26 @@ def numpy_calls_round_trip() -> None:
         raise AssertionError("a NumPy length past the capacity was accepted")
 
 
+def serving_outputs_made_are_filled() -> None:
+    """An out / out_lse that ragged_attention or paged_attention makes is filled with 0 / -inf
+    first (rows no sequence covers are not written; the fake's kernels write nothing at all),
+    eager and prepared; a caller's out is left as it is."""
+    for op, make, options in CALLS:
+        if op not in (ptxattn.ragged_attention, ptxattn.paged_attention):
+            continue
+        arrays = make()
+        arrays.update(out=None, out_lse=None)
+        o, lse = op(**arrays, **options, stream=STREAM)
+        step = ptxattn.prepare(op, **arrays, **options, stream=STREAM)
+        for out, out_lse in ((o, lse), (step.arrays["out"], step.arrays["out_lse"])):
+            assert (out.get(STREAM).astype(np.float32) == 0).all(), f"{op.__name__}: out not zero-filled"
+            assert (out_lse.get(STREAM) == -np.inf).all(), f"{op.__name__}: out_lse not -inf-filled"
+        given = make()
+        given["out"].set(np.full(given["out"].shape, 3, np.float32).astype(BF16), STREAM)
+        op(**given, **options, stream=STREAM)
+        assert (given["out"].get(STREAM).astype(np.float32) == 3).all(), f"{op.__name__}: a given out was filled"
+
+
 def threads_launch_their_own_pointers() -> None:
     """Eight threads calling ops at once: every launch carries its own thread's addresses
     (the binding a thread writes is its own). Threads are told apart by their Thread objects:
