@@ -13,7 +13,7 @@ struct FlashFwdParams {
   const void* k;
   const void* v;
   void* o;
-  float* lse;          // [B, Hq, Sq] contiguous, or null
+  float* lse;          // [B, Hq, Sq] through the lse strides, or null
   const void* mask;    // read through the four mask strides (0 = broadcast), or null
   const float* sinks;  // [Hq], or null
   // Serving batches (ops/ragged.py); all null for a dense call. Packed q / o / lse index

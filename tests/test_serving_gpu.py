@@ -13,7 +13,7 @@ import pytest
 import ptxattn
 from ptxattn import reference
 
-from decode_util import DTYPE_IDS, DTYPES, rand, to_layout
+from decode_util import DTYPE_IDS, DTYPES, check_attention, rand, to_layout
 from gpu_util import REL_TOL, GuardedOutput, relative_error
 
 pytestmark = pytest.mark.gpu
@@ -55,15 +55,8 @@ def covered_rows(n: int, cu: np.ndarray) -> np.ndarray:
 
 
 def check_rows(o, lse, ref_o, ref_lse, covered, dtype) -> None:
-    dtype = np.dtype(dtype)
-    o, ref_o = np.asarray(o[covered], np.float64), ref_o[covered]
-    assert relative_error(o, ref_o) <= REL_TOL[dtype], f"relative error {relative_error(o, ref_o):.3g}"
-    scale = max(float(np.abs(ref_o).max()), 1e-30)
-    assert float(np.abs(o - ref_o).max()) <= 20 * REL_TOL[dtype] * scale
-    lse, ref_lse = np.asarray(lse[covered], np.float64), ref_lse[covered]
-    dead = ref_lse == -np.inf
-    assert np.array_equal(lse == -np.inf, dead), "LSE -inf rows differ from the reference's"
-    np.testing.assert_allclose(lse[~dead], ref_lse[~dead], atol=2e-5 if dtype == np.float32 else 2e-3, rtol=0)
+    """check_attention over the rows a sequence covers."""
+    check_attention(o[covered], lse[covered], ref_o[covered], ref_lse[covered], dtype)
 
 
 def ragged_batch(rng, lens_q, lens_k, hq, hkv, dqk, dv, dtype, lead=3, tail=5):

@@ -9,6 +9,7 @@ import ctypes
 import functools
 import struct
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -230,12 +231,24 @@ _PARAMS_LAYOUT = struct.Struct("@" + "".join(ctype._type_ for _, ctype in _Flash
 _POINTERS = sum(ctype is ctypes.c_void_p for _, ctype in _FlashFwdParams._fields_)
 
 
+class Serving(NamedTuple):
+    """The serving-batch fields of FlashFwdParams (ops/ragged.py), in the struct's order; all 0
+    for a dense call."""
+    num_seqs: int = 0
+    tokens_q: int = 0
+    tokens_k: int = 0
+    kv_capacity: int = 0
+    num_pages: int = 0
+    page_size_log2: int = 0
+    min_queries: int = 0
+
+
 def flash_params(q_strides, k_strides, v_strides, o_strides, lse_strides, left: int, right: int, scale: float,
                  softcap: float, vector_io: bool, *, heads, dims, seq_q=0, seq_kv=0, mask_kind=0,
-                 mask_strides=(0, 0, 0, 0), diag_offset=0, block_table_stride=0, serving=(0,) * 7) -> _FlashFwdParams:
+                 mask_strides=(0, 0, 0, 0), diag_offset=0, block_table_stride=0,
+                 serving: Serving = Serving()) -> _FlashFwdParams:
     """The bound parameter struct (every pointer 0: each run writes them). Element strides are
-    (batch, head, token) triples; `serving` is (num_seqs, tokens_q, tokens_k, kv_capacity,
-    num_pages, page_size_log2, min_queries) for a serving batch (ops/ragged.py)."""
+    (batch, head, token) triples."""
     params = _FlashFwdParams()
     _PARAMS_LAYOUT.pack_into(
         params, 0, *(0,) * _POINTERS,

@@ -25,7 +25,7 @@ __all__ = ["paged_kv_append", "paged_decode", "paged_decode_workspace_bytes"]
 MAX_CAPACITY = 2**31 - 1  # keys per row are int32 on the device
 
 
-def pools(op: str, a: dict, layout) -> tuple[str, str, CacheShape, CacheShape]:
+def _pools(op: str, a: dict, layout) -> tuple[str, str, CacheShape, CacheShape]:
     """Validated (k_layout, v_layout, k CacheShape, v CacheShape) of two pools."""
     k_layout, v_layout = parse_layout(op, layout)
     k = cache_shape(op, "k_pool", a["k_pool"], k_layout)
@@ -51,7 +51,7 @@ def pools(op: str, a: dict, layout) -> tuple[str, str, CacheShape, CacheShape]:
 # ---- paged_kv_append ----------------------------------------------------------------------------
 def _validate_append(a: dict, layout, on_host: bool = False):
     op = "paged_kv_append"
-    k_layout, v_layout, k, v = pools(op, a, layout)
+    k_layout, v_layout, k, v = _pools(op, a, layout)
     require(op, "k_new", a["k_new"])
     check_rank(op, "k_new", a["k_new"], 3, "[T, Hkv, Dk]")
     tokens = a["k_new"].shape[0]
@@ -102,7 +102,7 @@ def paged_kv_append(k_new, v_new, k_pool, v_pool, slot_mapping, *, layout="HND",
 def paged_source(op: str, a: dict, layout, batch: int | None = None) -> KvSource:
     """The pools and block table of a paged call; the table has a row for each of `batch`
     sequences (default: q's batch axis)."""
-    k_layout, v_layout, k, v = pools(op, a, layout)
+    k_layout, v_layout, k, v = _pools(op, a, layout)
     require(op, "q", a["q"])
     require(op, "block_table", a["block_table"])
     table = a["block_table"]

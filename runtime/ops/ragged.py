@@ -27,7 +27,7 @@ from ..context import default_device
 from ..faults import fault_buffer
 from ..memory import WorkspaceLayout
 from ..module import ParamStruct
-from .attention import MAX_HEAD_DIM, contiguous, flash_params, plan_kernel, runs_wgmma, vector_io_ok
+from .attention import MAX_HEAD_DIM, Serving, contiguous, flash_params, plan_kernel, runs_wgmma, vector_io_ok
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_host_values,
                      check_index_array, check_nonnegative_strides, check_output, check_rank, check_row_bytes,
                      check_same_dtype, check_sinks, check_unit_last_stride, check_workspace_size,
@@ -231,19 +231,20 @@ def _bind_outputs(binding, a: dict, c: _Checked, shape) -> None:
     binding.result(*(("out", "out_lse") if c.return_lse else ("out",)), as_tuple=c.return_lse)
 
 
-def _bind_tiles(binding, a: dict, c: _Checked, kv_strides, serving, names, block_table_stride=0) -> None:
-    """The tile kernel over a serving batch; `names` maps its pointer fields to arguments."""
+def _bind_tiles(binding, a: dict, c: _Checked, kv, kv_strides, hkv: int, dv: int, serving: Serving, names,
+                block_table_stride: int = 0) -> None:
+    """The tile kernel over a serving batch: K / V are the arrays `kv` (packed, or paged when
+    block_table_stride is set), `names` maps its pointer fields to arguments."""
     q, out = a["q"], a["out"]
     nq, hq, dqk = q.shape
-    hkv, dv = serving.pop("heads_kv"), serving.pop("dim_v")
     dtype = np.dtype(q.dtype)
-    vector_io = dtype != np.float32 and vector_io_ok([a[n] for n in ("q", "k", "v", "out") if n in a])
+    vector_io = dtype != np.float32 and vector_io_ok((q, *kv, out))
     general = c.softcap > 0 or c.scale <= 0
-    plan = plan_kernel(dtype, dqk, dv, general, vector_io and runs_wgmma(binding.device), paged=block_table_stride > 0)
+    paged = block_table_stride > 0
+    plan = plan_kernel(dtype, dqk, dv, general, vector_io and runs_wgmma(binding.device), paged)
     params = flash_params(_token_strides(q, q.shape), *kv_strides, _token_strides(out, (nq, hq, dv)),
                           _token_strides(a["out_lse"], (nq, hq)), c.left, c.right, c.scale, c.softcap, vector_io,
-                          heads=(hq, hkv), dims=(dqk, dv), block_table_stride=block_table_stride,
-                          serving=tuple(serving.values()))
+                          heads=(hq, hkv), dims=(dqk, dv), block_table_stride=block_table_stride, serving=serving)
     params.fault = fault_buffer(binding.device)
     launch = binding.launch(plan.kernel, (-(-nq // plan.rows) + c.batch, hq, 1), (plan.threads, 1, 1), params,
                             plan.shared)
@@ -260,9 +261,8 @@ def _bind_ragged(binding, a: dict, c: _Checked, *_options) -> None:
     _bind_outputs(binding, a, c, (nq, hq, dv))
     if nq * hq * dv == 0 or c.batch == 0:
         return
-    serving = dict(heads_kv=hkv, dim_v=dv, num_seqs=c.batch, tokens_q=nq, tokens_k=nk, kv_capacity=0, num_pages=0,
-                   page_size_log2=0, min_queries=1)
-    _bind_tiles(binding, a, c, (_token_strides(k, k.shape), _token_strides(v, v.shape)), serving,
+    _bind_tiles(binding, a, c, (k, v), (_token_strides(k, k.shape), _token_strides(v, v.shape)), hkv, dv,
+                Serving(num_seqs=c.batch, tokens_q=nq, tokens_k=nk, min_queries=1),
                 (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"), ("sinks", "sinks"),
                  ("cu_seqlens_q", "cu_seqlens_q"), ("cu_seqlens_k", "cu_seqlens_k")))
 
@@ -275,11 +275,11 @@ def _bind_paged(binding, a: dict, c: _PagedChecked, *_options) -> None:
     binding.workspace_bytes = c.workspace.nbytes
     if nq * hq * dv == 0 or c.batch == 0:
         return
-    serving = dict(heads_kv=src.k.heads, dim_v=dv, num_seqs=c.batch, tokens_q=nq, tokens_k=0,
-                   kv_capacity=src.capacity, num_pages=src.num_pages, page_size_log2=src.page_size.bit_length() - 1,
-                   min_queries=c.decode_queries + 1)
+    # The pools pass check_row_bytes: 16-byte rows, so vector_io depends on q and out alone.
+    serving = Serving(num_seqs=c.batch, tokens_q=nq, kv_capacity=src.capacity, num_pages=src.num_pages,
+                      page_size_log2=src.page_size.bit_length() - 1, min_queries=c.decode_queries + 1)
     kv_strides = (cache_strides(a["k_pool"], src.k_layout), cache_strides(a["v_pool"], src.v_layout))
-    _bind_tiles(binding, a, c, kv_strides, serving,
+    _bind_tiles(binding, a, c, (), kv_strides, src.k.heads, dv, serving,
                 (("q", "q"), ("k_pool", "k"), ("v_pool", "v"), ("out", "o"), ("out_lse", "lse"), ("sinks", "sinks"),
                  ("qo_indptr", "cu_seqlens_q"), ("seq_lens", "seq_lens_k"), ("block_table", "block_table")),
                 block_table_stride=a["block_table"].element_strides[0])
