@@ -247,6 +247,10 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       }
       if (t + STAGES - 1 < tile_end) load_kv((i + STAGES - 1) % STAGES, t + STAGES - 1);
       cp_async_commit();
+      // A general kernel's warp computes only on the tiles its own rows see (as the sm_90a
+      // kernel's warpgroups do). Not the plain ones: at their 255-register cap the check cost
+      // the d128 kernel 32 more bytes of spills.
+      if (GENERAL && __all_sync(0xffffffffu, !rows_see_tile<BC>(st, p, warp_row0, WR, t))) continue;
 
       const unsigned sk_addr = stages_addr + (i % STAGES) * STAGE_ELEMS * 2;
       const unsigned sv_addr = sk_addr + BC * DQK * 2;

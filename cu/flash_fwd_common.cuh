@@ -189,6 +189,19 @@ __device__ __forceinline__ void key_tile_range(int seq_kv, const KeyWindow& win,
   end = hi >= lo ? static_cast<int>(hi / BC) + 1 : begin;
 }
 
+// Whether any of the `count` query rows from row0 sees a key of key tile `tile` (one the
+// block's key_tile_range holds): false for rows past the end and for a tile whose keys are
+// all outside the rows' causal/window range.
+template <int BC>
+__device__ __forceinline__ bool rows_see_tile(const TileRef& st, const FlashFwdParams& p, int row0, int count,
+                                              int tile) {
+  const int seq_q = st.seq_q();
+  if (row0 >= seq_q) return false;
+  const KeyWindow win = st.window(p);
+  const long long n0 = static_cast<long long>(tile) * BC;
+  return n0 <= last_visible_key(win, min(row0 + count, seq_q) - 1) && n0 + BC - 1 >= first_visible_key(win, row0);
+}
+
 // lse of query row `row` of sequence b, whose queries start at token q_tok0.
 __device__ __forceinline__ void store_lse(const FlashFwdParams& p, int b, long long q_tok0, int h, int row,
                                           float lse) {

@@ -199,14 +199,15 @@ def relative_error(got, want) -> float:
 
 
 def torch_sdpa_backends():
-    """{name: callable(q, k, v, is_causal, enable_gqa)} for PyTorch's flash and cuDNN SDPA."""
+    """{name: callable(q, k, v, is_causal, enable_gqa, attn_mask)} for PyTorch's flash and cuDNN SDPA."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
     def make(backend):
-        def run(q, k, v, is_causal=False, enable_gqa=False):
+        def run(q, k, v, is_causal=False, enable_gqa=False, attn_mask=None):
             with sdpa_kernel([backend]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=enable_gqa)
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                                      enable_gqa=enable_gqa)
         return run
 
     return {"torch_flash": make(SDPBackend.FLASH_ATTENTION), "torch_cudnn": make(SDPBackend.CUDNN_ATTENTION)}

@@ -1,13 +1,19 @@
-"""Prefill attention (ptxattn.sdpa, bf16) in TFLOP/s, counting 4·B·Hq·Sq·Skv·D, halved for
-causal; PyTorch's flash (FA2) and cuDNN SDPA backends are timed side by side in the same run
-when torch with CUDA is installed.
+"""Prefill attention (ptxattn.sdpa, bf16) in TFLOP/s, counting 4·B·Hq·D per visible
+(query, key) pair (Sq·Skv, halved for causal; a window counts its pairs exactly); PyTorch's
+flash (FA2) and cuDNN SDPA backends are timed side by side in the same run when torch with
+CUDA is installed.
 
 Timings are device time (bench_common.time_ms); the host cost of one sdpa() call is its own
 column. Each shape's output is compared with the float64 reference on batch 0, head 0 (its
 last query rows), and with PyTorch flash's whole output (‖ours − theirs‖ / ‖theirs‖) when
-torch is there, so a fast but wrong kernel cannot hide in the table.
+flash runs the call, so a fast but wrong kernel cannot hide in the table.
+
+Where torch's SDPA cannot express a call, its columns time the nearest call it can, and the
+row's `torch_runs` says which: a window as an explicit bool mask, softcap left out.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,30 +24,69 @@ from bench_common import (host_ms, random_host, relative_error, rotation_count, 
                           torch_sdpa_backends, try_time, upload)
 
 BF16 = ptxattn.bfloat16
-# (B, Hq, Hkv, S, D, causal): the shapes issue 3 sets its speed goal on.
+
+
+@dataclass(frozen=True)
+class Shape:
+    b: int
+    hq: int
+    hkv: int
+    s: int
+    dqk: int
+    dv: int
+    causal: bool
+    window: int | None = None   # keys left of the diagonal (with causal: a sliding window)
+    mask: bool = False          # an additive bf16 mask [B, 1, S, S]
+    softcap: float = 0.0
+
+    @property
+    def name(self) -> str:
+        heads = f"H{self.hq}" if self.hq == self.hkv else f"Hq{self.hq} Hkv{self.hkv}"
+        dims = f"D{self.dqk}" if self.dqk == self.dv else f"Dqk{self.dqk} Dv{self.dv}"
+        extras = ["causal"] * self.causal + [f"window {self.window}"] * (self.window is not None)
+        extras += ["bf16 mask"] * self.mask + [f"softcap {self.softcap:g}"] * (self.softcap > 0)
+        return " ".join([f"B{self.b} {heads} S{self.s} {dims}", *extras])
+
+    @property
+    def visible_pairs(self) -> float:
+        if self.window is not None:
+            return float(np.minimum(np.arange(self.s), self.window).sum() + self.s)
+        return self.s * self.s / (2 if self.causal else 1)
+
+    @property
+    def options(self) -> dict:
+        return {"causal": self.causal, "window": None if self.window is None else (self.window, 0 if self.causal else -1),
+                "softcap": self.softcap}
+
+
+# Issue 3's speed-goal shapes, then issue 10's: other head dims, masks, softcap, short sequences.
 SHAPES = [
-    (4, 32, 32, 4096, 128, False),
-    (4, 32, 32, 4096, 128, True),
-    (2, 32, 8, 8192, 128, True),
-    (8, 16, 16, 2048, 64, False),
-    (1, 32, 8, 16384, 128, True),
+    Shape(4, 32, 32, 4096, 128, 128, False),
+    Shape(4, 32, 32, 4096, 128, 128, True),
+    Shape(2, 32, 8, 8192, 128, 128, True),
+    Shape(8, 16, 16, 2048, 64, 64, False),
+    Shape(1, 32, 8, 16384, 128, 128, True),
+    Shape(2, 16, 16, 8192, 256, 256, False),
+    Shape(2, 16, 16, 8192, 256, 256, True),
+    Shape(2, 16, 16, 8192, 192, 128, True),
+    Shape(4, 32, 32, 8192, 64, 64, True, window=1024),
+    Shape(2, 16, 16, 4096, 128, 128, False, mask=True),
+    Shape(2, 16, 16, 4096, 128, 128, True, softcap=50.0),
+    Shape(32, 16, 16, 512, 128, 128, True),
+    Shape(16, 16, 16, 1024, 128, 128, True),
 ]
+QUICK = SHAPES[:5] + SHAPES[8:]  # --quick leaves out the D256 and D192 rows, the slowest to time
 CHECKED_ROWS = 256  # query rows of batch 0, head 0 held against the float64 reference
 
 
-def _shape_name(b, hq, hkv, s, d, causal) -> str:
-    heads = f"H{hq}" if hq == hkv else f"Hq{hq} Hkv{hkv}"
-    return f"B{b} {heads} S{s} D{d}{' causal' if causal else ''}"
-
-
-def _error_vs_reference(q, k, v, out, causal: bool) -> float:
+def _error_vs_reference(shape: Shape, q, k, v, mask, out) -> float:
     """Relative error of the last CHECKED_ROWS query rows of batch 0, head 0 (bottom-right
     alignment gives them the keys they have in the whole, square problem)."""
-    s = q.shape[2]
-    first = s - min(CHECKED_ROWS, s)
+    first = shape.s - min(CHECKED_ROWS, shape.s)
     q0 = q[0, 0, first:].get(stream())[None, None]
     k0, v0 = (t[0, 0].get(stream())[None, None] for t in (k, v))
-    want, _ = reference.sdpa(q0, k0, v0, causal=causal, causal_align="bottom_right")
+    m0 = None if mask is None else mask[0, 0, first:].get(stream())[None, None]
+    want, _ = reference.sdpa(q0, k0, v0, attn_mask=m0, causal_align="bottom_right", **shape.options)
     return relative_error(out[0, 0, first:].get(stream()), want[0, 0])
 
 
@@ -51,24 +96,27 @@ def run(args) -> list[dict]:
     rng = np.random.default_rng(0)
     repeat = 5 if args.quick else 30
     rows = []
-    for b, hq, hkv, s, d, causal in SHAPES:
-        bytes_per_set = 2 * (b * hq * s * d * 2 + b * hkv * s * d * 2)
-        sets = [tuple(upload(random_host(rng, (b, h, s, d), BF16)) for h in (hq, hkv, hkv))
+    for shape in QUICK if args.quick else SHAPES:
+        b, hq, hkv, s = shape.b, shape.hq, shape.hkv, shape.s
+        bytes_per_set = 2 * (b * hq * s * shape.dqk + b * hkv * s * (shape.dqk + shape.dv))
+        dims = (shape.dqk, shape.dqk, shape.dv)
+        sets = [tuple(upload(random_host(rng, (b, h, s, d), BF16)) for h, d in zip((hq, hkv, hkv), dims))
                 for _ in range(rotation_count(bytes_per_set))]
-        out = ptxattn.empty((b, hq, s, d), BF16)
-        flops = 4 * b * hq * s * s * d / (2 if causal else 1)
+        mask = upload(random_host(rng, (b, 1, s, s), BF16)) if shape.mask else None
+        out = ptxattn.empty((b, hq, s, shape.dv), BF16)
+        flops = 2 * b * hq * (shape.dqk + shape.dv) * shape.visible_pairs  # QK^T and PV
 
         def ours(i):
             q, k, v = sets[i]
-            ptxattn.sdpa(q, k, v, causal=causal, out=out, stream=stream())
+            ptxattn.sdpa(q, k, v, attn_mask=mask, out=out, stream=stream(), **shape.options)
 
-        row = {"shape": _shape_name(b, hq, hkv, s, d, causal)}
+        row = {"shape": shape.name}
         timings = {"ptxattn": try_time(ours, repeat=repeat, rotate=len(sets))}
         row["ptxattn_host_us"] = 1e3 * host_ms(ours, rotate=len(sets))  # hidden from the timings
         ours(0)
-        row["rel_err_vs_reference"] = _error_vs_reference(*sets[0], out, causal)
+        row["rel_err_vs_reference"] = _error_vs_reference(shape, *sets[0], mask, out)
         if torch is not None:
-            _torch_columns(torch, backends, row, timings, sets, out, hq // hkv, causal, repeat)
+            _torch_columns(torch, backends, shape, row, timings, sets, mask, out, repeat)
         tflops = {name: (flops / (ms * 1e-3) / 1e12 if ms else None) for name, ms in timings.items()}
         for name in timings:
             row[f"{name}_ms"] = timings[name]
@@ -78,31 +126,46 @@ def run(args) -> list[dict]:
                 row[f"ratio_vs_{name}"] = tflops["ptxattn"] / tflops[name]
         row["chart"] = {"unit": "TFLOP/s", "series": tflops}
         rows.append(row)
-        del sets, out
+        del sets, out, mask
         if torch is not None:
             torch.cuda.empty_cache()
     return rows
 
 
-def _torch_columns(torch, backends, row, timings, sets, out, group: int, causal: bool, repeat: int) -> None:
+def _torch_columns(torch, backends, shape: Shape, row, timings, sets, mask, out, repeat: int) -> None:
     """Time PyTorch's backends on the same inputs (into `timings`) and compare our output,
-    already in `out`, with flash's (into `row`)."""
+    already in `out`, with flash's (into `row`) where flash runs the call itself."""
+    group = shape.hq // shape.hkv
     tensors = [tuple(torch.from_dlpack(t) for t in qkv) for qkv in sets]
+    kwargs, runs = {"is_causal": shape.causal}, []
+    if shape.window is not None:  # torch has no window: the same keys as a bool mask
+        i = torch.arange(shape.s, device="cuda")
+        keep = (i[None, :] >= i[:, None] - shape.window) & ((i[None, :] <= i[:, None]) if shape.causal else True)
+        kwargs = {"attn_mask": keep}
+        runs.append("window as a bool mask")
+    elif mask is not None:
+        kwargs["attn_mask"] = torch.from_dlpack(mask)
+    if shape.softcap > 0:
+        runs.append("no softcap")
+    if runs:
+        row["torch_runs"] = ", ".join(runs)
     for name, fn in backends.items():
         def theirs(i, fn=fn):
             q, k, v = tensors[i]
-            fn(q, k, v, is_causal=causal, enable_gqa=group > 1)
+            fn(q, k, v, enable_gqa=group > 1, **kwargs)
         timings[name] = try_time(theirs, repeat=repeat, rotate=len(tensors))
         if timings[name] is None and group > 1:
             # A backend without native GQA: time it on K/V expanded to Hq heads.
             expanded = [(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)) for q, k, v in tensors]
             def theirs(i, fn=fn):
-                fn(*expanded[i], is_causal=causal)
+                fn(*expanded[i], **kwargs)
             timings[name] = try_time(theirs, repeat=repeat, rotate=len(tensors))
             row[f"{name}_kv"] = "expanded"
             del expanded
+    if runs or "attn_mask" in kwargs or timings.get("torch_flash") is None:
+        return  # flash does not run this call as it is
     q0, k0, v0 = tensors[0]
     flash = backends["torch_flash"](q0, k0.repeat_interleave(group, 1), v0.repeat_interleave(group, 1),
-                                    is_causal=causal).float()
+                                    is_causal=shape.causal).float()
     ours = torch.from_dlpack(out).float()
     row["rel_err_vs_flash"] = float((ours - flash).norm() / flash.norm())

@@ -67,7 +67,7 @@ def _sm90_path(ptx: Path) -> Path:
 def run(ptx_path: Path) -> None:
     import ptxattn
     from bench_common import stream as bench_stream, time_ms, torch_cuda, torch_sdpa_backends
-    from bench_prefill import SHAPES, _shape_name
+    from bench_prefill import SHAPES
     from ptxattn.context import on_device
     from ptxattn.driver import call, cu
     from ptxattn.module import Kernel, load_ptx
@@ -95,7 +95,10 @@ def run(ptx_path: Path) -> None:
         shape = Sm90Tile(dim, groups)
         candidates.append((kernel, shape.rows, shape.threads, shape.shared_bytes, dim, sm90_tiles().get(dim) == shape))
     print(f"{'shape':<34} {'kernel':<28} {'smem':>6} {'ms':>8} {'TFLOP/s':>8} {'rel_err':>8}")
-    for b, hq, hkv, s, d, causal in SHAPES:
+    for shape in SHAPES:
+        if shape.mask or shape.softcap or shape.window is not None or shape.dqk != shape.dv:
+            continue  # the candidates are plain-score kernels
+        b, hq, hkv, s, d, causal = shape.b, shape.hq, shape.hkv, shape.s, shape.dqk, shape.causal
         gen = torch.Generator(device="cuda").manual_seed(0)
         q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16, generator=gen)
                    for h in (hq, hkv, hkv))
@@ -117,7 +120,7 @@ def run(ptx_path: Path) -> None:
             except RuntimeError as exc:
                 print(f"  {label}: {str(exc).splitlines()[0][:100]}")
                 return
-            print(f"{_shape_name(b, hq, hkv, s, d, causal):<34} {label:<28} {smem:>6} {ms:>8.3f} "
+            print(f"{shape.name:<34} {label:<28} {smem:>6} {ms:>8.3f} "
                   f"{flops / (ms * 1e-3) / 1e12:>8.1f} {err:>8.1e}")
 
         report("torch flash (FA2)", "-", lambda: flash(q, k, v, is_causal=causal, enable_gqa=group > 1),
