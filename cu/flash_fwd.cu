@@ -88,21 +88,6 @@ __device__ __forceinline__ void load_paged_tile(T* s, const FlashFwdParams& p, c
   }
 }
 
-__device__ __forceinline__ long long mask_offset(const FlashFwdParams& p, int b, int h, int i,
-                                                 int j) {
-  return b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_query_stride +
-         j * p.mask_key_stride;
-}
-
-// Scaled, softcapped, masked score in the base-2 domain (-inf = not attended).
-__device__ __forceinline__ float score_log2(const FlashFwdParams& p, int seq_q, int seq_kv, const KeyWindow& win,
-                                            float dot, int b, int h, int i, int j) {
-  if (j >= seq_kv || i >= seq_q || !key_visible(win, i, j)) return neg_inf();
-  float x = apply_softcap(dot * p.scale, p.softcap) * kLog2e;
-  if (p.mask_kind != MASK_NONE) x += mask_bias_log2(p.mask_kind, p.mask, mask_offset(p, b, h, i, j));
-  return x;
-}
-
 extern __shared__ __align__(128) unsigned char dyn_smem[];
 
 // ---- tensor-core kernel (f16 / bf16) ----------------------------------------------
@@ -281,24 +266,19 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
         }
       }
 
-      // General kernels (mask, softcap or scale <= 0) turn every score into a base-2 logit
-      // element by element. Plain kernels keep raw dot products, folding scale * log2 e
-      // into the exponent's FFMA, and on tiles that straddle an edge (causal/window
-      // diagonal, Skv end) only cut the keys outside each row's range.
+      // General kernels (mask, softcap or scale <= 0) turn every score into a base-2 logit.
+      // Plain kernels keep raw dot products, folding scale * log2 e into the exponent's FFMA.
+      // Both cut the keys outside each row's range, on the tiles that straddle an edge
+      // (causal/window diagonal, Skv end).
       const int seq_kv = st.seq_kv();
       const KeyWindow win = st.window(p);
       if constexpr (GENERAL) {
-        const int seq_q = st.seq_q(), b = st.b();
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int n = 0; n < STILES; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-              s[mt][n][e] = score_log2(p, seq_q, seq_kv, win, s[mt][n][e], b, h, my_row + 16 * mt + (e >> 1) * 8,
-                                       n0 + n * 8 + 2 * (lane & 3) + (e & 1));
-      } else if (n0 + BC > seq_kv || n0 < first_visible_key(win, warp_row0 + WR - 1) ||
-                 n0 + BC - 1 > last_visible_key(win, warp_row0)) {
+          general_scores<STILES>(&s[mt][0][0], p, st.b(), h, my_row + 16 * mt, st.seq_q(), n0 + 2 * (lane & 3), seq_kv);
+      }
+      if (n0 + BC > seq_kv || n0 < first_visible_key(win, warp_row0 + WR - 1) ||
+          n0 + BC - 1 > last_visible_key(win, warp_row0)) {
         const int col0 = n0 + 2 * (lane & 3);  // key of s[.][0][0]
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)

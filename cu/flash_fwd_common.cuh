@@ -179,6 +179,68 @@ __device__ __forceinline__ int clamp_to_tile(long long key) {
   return static_cast<int>(max(-1LL, min(key, static_cast<long long>(BC))));
 }
 
+__device__ __forceinline__ long long mask_offset(const FlashFwdParams& p, int b, int h, int i,
+                                                 int j) {
+  return b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_query_stride +
+         j * p.mask_key_stride;
+}
+
+// Scaled, softcapped, masked score in the base-2 domain (-inf = not attended).
+__device__ __forceinline__ float score_log2(const FlashFwdParams& p, int seq_q, int seq_kv, const KeyWindow& win,
+                                            float dot, int b, int h, int i, int j) {
+  if (j >= seq_kv || i >= seq_q || !key_visible(win, i, j)) return neg_inf();
+  float x = apply_softcap(dot * p.scale, p.softcap) * kLog2e;
+  if (p.mask_kind != MASK_NONE) x += mask_bias_log2(p.mask_kind, p.mask, mask_offset(p, b, h, i, j));
+  return x;
+}
+
+// One mask element as a base-2 bias (bool: 0 or -inf; additive: value * log2 e).
+__device__ __forceinline__ float mask_bias_log2(unsigned char keep) { return keep ? 0.f : neg_inf(); }
+template <class M>
+__device__ __forceinline__ float mask_bias_log2(M value) { return to_float(value) * kLog2e; }
+
+// Adds the mask to a thread's scores of one mma accumulator tile (see general_scores).
+template <class M, int N8>
+__device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,
+                                         int col0, int seq_kv) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    // Rows past Sq and keys past Skv read an element that exists; the caller cuts them.
+    const M* m = static_cast<const M*>(p.mask) + b * p.mask_batch_stride + h * p.mask_head_stride +
+                 min(row0 + 8 * r, seq_q - 1) * p.mask_query_stride;
+#pragma unroll
+    for (int j = 0; j < N8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        s[4 * j + 2 * r + c] += mask_bias_log2(m[min(col0 + 8 * j + c, seq_kv - 1) * p.mask_key_stride]);
+  }
+}
+
+// General kernels' scores: raw dot products in an m16 x (8 * N8) mma accumulator tile
+// (s[4j + 2r + c] is row row0 + 8r, key col0 + 8j + c) become base-2 logits,
+// softcap(dot * scale) * log2 e plus the mask's bias, as score_log2 makes them but with the
+// branches on the call's options taken once a tile. Keys outside the causal/window range or
+// past Skv are left for the caller to cut.
+template <int N8>
+__device__ __forceinline__ void general_scores(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,
+                                               int col0, int seq_kv) {
+  const float scale = p.scale, cap = p.softcap;
+  if (cap > 0.f) {
+#pragma unroll
+    for (int i = 0; i < 4 * N8; ++i) s[i] = apply_softcap(s[i] * scale, cap) * kLog2e;
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4 * N8; ++i) s[i] *= scale * kLog2e;
+  }
+  switch (p.mask_kind) {
+    case MASK_BOOL: add_mask<unsigned char, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
+    case MASK_F32: add_mask<float, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
+    case MASK_F16: add_mask<__half, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
+    case MASK_BF16: add_mask<__nv_bfloat16, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
+    default: break;
+  }
+}
+
 // The visible key range of query rows [row_lo, row_hi], clipped to [0, Skv), as BC tiles.
 template <int BC>
 __device__ __forceinline__ void key_tile_range(int seq_kv, const KeyWindow& win, int row_lo, int row_hi,

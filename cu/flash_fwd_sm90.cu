@@ -1,9 +1,10 @@
 // Scaled dot-product attention forward on Hopper tensor cores (wgmma, sm_90a only).
 //
-// Serves the calls the plain-score mma.sync kernel of flash_fwd.cu serves (no mask, no
-// softcap, scale > 0; causal/window, sinks, GQA, LSE, serving batches all apply) when
-// Dqk = Dv = 64 or 128 and the host vouched for 16-byte alignment (vector_io). Same parameters and semantics; its
-// query blocks are 64 * GROUPS rows (grid x), and the summation order differs from mma.sync's.
+// Serves the calls flash_fwd.cu's mma.sync kernels serve (plain kernels: no mask, no
+// softcap, scale > 0; general kernels: the rest; causal/window, sinks, GQA, LSE, serving
+// batches all apply) when Dqk = Dv = 64 or 128 and the host vouched for 16-byte alignment
+// (vector_io). Same parameters and semantics; its query blocks are 64 * GROUPS rows (grid
+// x), and the summation order differs from mma.sync's.
 //
 // A CTA is GROUPS warpgroups over 64 * GROUPS query rows, 64 a warpgroup (wgmma's M).
 // Q, K and V tiles live in shared memory in wgmma's 128-byte-swizzle layout: a [rows][D]
@@ -209,8 +210,10 @@ __device__ __forceinline__ void load_paged_kv(unsigned k_dst, unsigned v_dst, co
 extern __shared__ __align__(1024) unsigned char smem[];
 
 // PAGED: K and V in a paged pool (a kernel of its own: the paged copies' registers made the
-// d128 kernel spill beside O and S, paged or not).
-template <class T, class Tile, bool PAGED>
+// d128 kernel spill beside O and S, paged or not). GENERAL: the per-element score path of
+// flash_fwd.cu's general kernels (masks, softcap, any scale); otherwise scale > 0 and the
+// only cut keys are those outside each row's causal/window range or past Skv.
+template <class T, class Tile, bool PAGED, bool GENERAL>
 __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   constexpr int D = Tile::D, ROWS = Tile::ROWS, KEYS = Tile::KEYS, THREADS = Tile::THREADS;
   constexpr int O_REGS = D / 2;  // fp32 accumulators of O a thread
@@ -260,7 +263,9 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 #pragma unroll
   for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
   float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
-  const float mul = p.scale * kLog2e;
+  // The exponent's multiplier: scores are raw dot products in plain kernels, base-2 logits
+  // in general ones.
+  const float mul = GENERAL ? 1.f : p.scale * kLog2e;
 
   if (tile_begin < tile_end) {
     const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
@@ -304,9 +309,11 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       wgmma_wait_all();
       fence_registers(s);
 
-      // Keys outside a row's causal/window range or past Skv, on the tiles that have any.
+      // General kernels turn every score into a base-2 logit; then the keys outside a row's
+      // causal/window range or past Skv are cut, on the tiles that have any.
       const int n0 = t * KEYS, seq_kv = st.seq_kv();
       const KeyWindow win = st.window(p);
+      if constexpr (GENERAL) general_scores<KEYS / 8>(s, p, st.b(), h, my_row, st.seq_q(), n0 + 2 * (lane & 3), seq_kv);
       if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
           n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
         const int col0 = n0 + 2 * (lane & 3);
@@ -394,17 +401,19 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 // scripts/build_ptx.py compiles this file with variants.inc made from it, one FLASH_FWD_SM90
 // line a kernel.
 // NAME reads K and V through strides (dense and ragged calls), NAME##_paged through a block table.
-#define FLASH_FWD_SM90(NAME, T, D, GROUPS)                                                       \
+#define FLASH_FWD_SM90(NAME, T, D, GROUPS, GENERAL)                                              \
   extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1)     \
       NAME(const ptxattn::FlashFwdParams p) {                                                   \
-    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, false>(p);            \
+    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, false, GENERAL>(p);   \
   }                                                                                              \
   extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1)     \
       NAME##_paged(const ptxattn::FlashFwdParams p) {                                           \
-    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, true>(p);             \
+    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, true, GENERAL>(p);    \
   }
 
 // Three warpgroups: while one runs its softmax the others keep the tensor cores busy.
+// General kernels have two: their per-element mask and softcap work spilled hundreds of
+// bytes at three warpgroups' 168-register cap.
 // scripts/sdpa_tune.py on the H200 (bf16, kernels launched directly, one run), TFLOP/s with
 // 2 / 3 warpgroups and FA2 in the same run: B4 H32 S4096 D128 410 / 456 (357), causal
 // 377 / 407 (324), B2 Hq32 Hkv8 S8192 causal 402 / 459 (338), B1 Hq32 Hkv8 S16384 causal

@@ -8,7 +8,7 @@ Every view is typed, read-only and built once. Dtypes are named as in kernel nam
 What it replaces in runtime/ops (the hand-kept copies of the table):
 - attention.py: `_VARIANTS` -> `sdpa_tiles().values()` (`_Variant` -> `SdpaVariant`, `_Tile` ->
   `TcTile`), `_SM90_TILES` -> `sm90_tiles()` (`_Sm90Tile` -> `Sm90Tile`); kernel names from
-  `SdpaVariant.kernel(dtype, general)` and `Sm90Tile.kernel(dtype)`.
+  `SdpaVariant.kernel(dtype, general)` and `Sm90Tile.kernel(dtype, paged)`.
 - decode.py: `D_TILES` and `d_tile_for` -> `decode_d_tiles(dtype)`, `shared_bytes(d_tile,
   itemsize, warps_m, stages)` -> `DecodeTile.shared_bytes(warps_m, stages)`, the kernel name ->
   `DecodeTile.kernel`; THREADS, WARPS, KEYS_PER_BLOCK, MERGE_ROW_PAD -> the DECODE_* constants.
@@ -95,9 +95,11 @@ class SdpaVariant:
 @dataclass(frozen=True)
 class Sm90Tile:
     """Sm90Tile<dim, groups> of cu/flash_fwd_sm90.cu (wgmma, sm_90a PTX): `groups` warpgroups of
-    64 query rows, 128-key K/V tiles, Dqk = Dv = dim."""
+    64 query rows, 128-key K/V tiles, Dqk = Dv = dim; `general` kernels take the calls with a
+    mask, softcap or scale <= 0."""
     dim: int
     groups: int
+    general: bool = False
 
     @property
     def rows(self) -> int:
@@ -114,7 +116,7 @@ class Sm90Tile:
 
     def kernel(self, dtype: str, paged: bool = False) -> str:
         """The entry point for `dtype`; `paged` K/V (a block table) have one of their own."""
-        return f"flash_fwd_sm90_{dtype}_d{self.dim}{'_paged' if paged else ''}"
+        return f"flash_fwd_sm90_{dtype}_d{self.dim}{'_general' if self.general else ''}{'_paged' if paged else ''}"
 
 
 @dataclass(frozen=True)
@@ -169,9 +171,9 @@ def sdpa_tiles() -> Mapping[str, SdpaVariant]:
 
 
 @functools.cache
-def sm90_tiles() -> Mapping[int, Sm90Tile]:
-    """flash_fwd_sm90's tiles by head dim (Dqk = Dv)."""
-    return MappingProxyType({v["dim"]: _from_record(Sm90Tile, v) for v in _variants("flash_fwd_sm90")})
+def sm90_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
+    """flash_fwd_sm90's tiles by (head dim (Dqk = Dv), general)."""
+    return MappingProxyType({(v["dim"], v["general"]): _from_record(Sm90Tile, v) for v in _variants("flash_fwd_sm90")})
 
 
 @functools.cache

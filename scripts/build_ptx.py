@@ -127,8 +127,9 @@ def _flash_fwd(info):
 def _flash_fwd_sm90(info):
     for v in info["variants"]:
         for dtype in info["dtypes"]:
-            name = f"flash_fwd_sm90_{dtype}_d{v['dim']}"
-            yield f"FLASH_FWD_SM90({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']})", [name, f"{name}_paged"]
+            name = f"flash_fwd_sm90_{dtype}_d{v['dim']}{'_general' if v['general'] else ''}"
+            yield (f"FLASH_FWD_SM90({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, {c_literal(v['general'])})",
+                   [name, f"{name}_paged"])
 
 
 def _decode(info):

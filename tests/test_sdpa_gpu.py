@@ -106,6 +106,14 @@ EXPLICIT = [
     Case(F16, 1, 4, 1, 1, 2049, 128, 128, scale=0.05),
     Case(BF16, 2, 2, 1, 128, 128, 128, 128, window=(-1, 0), sinks=True),
     Case(F16, 1, 4, 2, 333, 901, 64, 64, causal=True, align="bottom_right", window=(200, 0), sinks=True),
+    # Masks, softcap, scale <= 0 at Dqk = Dv = 64 or 128: the general wgmma kernels on sm_90
+    # devices (128-row query blocks, 128-key tiles).
+    Case(BF16, 2, 4, 2, 300, 700, 128, 128, causal=True, align="bottom_right", mask="bhqk", mask_dtype=BF16,
+         softcap=30.0),
+    Case(F16, 1, 2, 2, 257, 520, 64, 64, window=(100, 20), mask="b11k", mask_dtype=np.dtype(bool), sinks=True),
+    Case(BF16, 1, 4, 1, 129, 1025, 128, 128, mask="1h1k", mask_dtype=F16, scale=0.0),
+    Case(F16, 1, 2, 1, 200, 130, 128, 128, causal=True, align="bottom_right", mask="qk", mask_dtype=F32,
+         softcap=5.0),  # rows with no key
 ]
 
 
@@ -249,9 +257,16 @@ def test_strided_bshd_inputs_and_output(dtype, offset, rng):
     _check(case, got, None, *(x.transpose(0, 2, 1, 3) for x in (q, k, v)), None, None)
 
 
-@pytest.mark.parametrize("dtype, d, kernel", [(BF16, 128, "flash_fwd_sm90_bf16_d128"),
-                                              (F16, 64, "flash_fwd_sm90_f16_d64")])
-def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, kernel):
+@pytest.mark.parametrize("dtype, d, options, kernel", [
+    (BF16, 128, {}, "flash_fwd_sm90_bf16_d128"),
+    (F16, 64, {}, "flash_fwd_sm90_f16_d64"),
+    # Masks, softcap and scale <= 0: the general wgmma kernels.
+    (BF16, 128, {"mask": "bhqk", "mask_dtype": BF16, "causal": True}, "flash_fwd_sm90_bf16_d128_general"),
+    (F16, 64, {"softcap": 5.0, "window": (40, 7)}, "flash_fwd_sm90_f16_d64_general"),
+    (BF16, 64, {"mask": "qk", "mask_dtype": np.dtype(bool), "sinks": True}, "flash_fwd_sm90_bf16_d64_general"),
+    (F16, 128, {"scale": -0.05, "mask": "bhq1", "mask_dtype": F32}, "flash_fwd_sm90_f16_d128_general"),
+])
+def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options, kernel):
     from ptxattn.driver import cu
     from ptxattn.module import get_kernel, loaded_arch
 
@@ -268,7 +283,7 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, kernel):
         return launch(function, *args)
 
     monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
-    case = Case(dtype, 1, 2, 2, 300, 300, d, d)
+    case = Case(dtype, 1, 2, 2, 300, 333, d, d, **options)
     o, lse, inputs = _run_device(case, rng)
     with ptxattn.on_device(device):
         wanted = int(get_kernel(kernel, device).function)

@@ -138,8 +138,13 @@ def test_plan_wgmma_kernel_on_sm90():
     assert plan.shared == 2 * 128 * (192 + 4 * 128) + 1024 <= 227 * 1024
     for tile in sm90_tiles().values():
         assert tile.shared_bytes <= 227 * 1024, tile
+    # Masks, softcap and scale <= 0 take the general wgmma kernels: two warpgroups.
+    plan = attention.plan_kernel(np.dtype(np.float16), 128, 128, True, True)
+    assert plan.kernel == "flash_fwd_sm90_f16_d128_general" and plan.rows == 128 and plan.threads == 256
+    assert attention.plan_kernel(np.dtype(np.float16), 64, 64, True, True, paged=True).kernel == \
+        "flash_fwd_sm90_f16_d64_general_paged"
     # Everything else keeps the mma.sync kernels.
-    assert attention.plan_kernel(np.dtype(np.float16), 128, 128, True, True).kernel == "flash_fwd_f16_d128_general"
+    assert attention.plan_kernel(np.dtype(np.float16), 128, 128, True, False).kernel == "flash_fwd_f16_d128_general"
     assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, True).kernel == "flash_fwd_sm90_bf16_d64"
     assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, False).kernel == "flash_fwd_bf16_d64"
     assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True).kernel == "flash_fwd_bf16_d128"

@@ -43,9 +43,13 @@ def test_sdpa_tiles_smallest_first_and_their_sizes():
 
 
 def test_sm90_tiles_and_their_sizes():
-    assert sm90_tiles() == {64: Sm90Tile(64, 3), 128: Sm90Tile(128, 3)}
-    tile = sm90_tiles()[128]
+    assert sm90_tiles() == {(64, False): Sm90Tile(64, 3), (128, False): Sm90Tile(128, 3),
+                            (64, True): Sm90Tile(64, 2, True), (128, True): Sm90Tile(128, 2, True)}
+    tile = sm90_tiles()[128, False]
     assert (tile.rows, tile.threads, tile.shared_bytes) == (192, 384, 2 * 128 * (192 + 4 * 128) + 1024)
+    general = sm90_tiles()[128, True]
+    assert general.kernel("bf16", True) == "flash_fwd_sm90_bf16_d128_general_paged"
+    assert (general.rows, general.threads, general.shared_bytes) == (128, 256, 2 * 128 * (128 + 4 * 128) + 1024)
 
 
 def test_decode_tiles_and_their_shared_bytes():
@@ -74,4 +78,4 @@ def test_views_are_read_only():
     with pytest.raises(TypeError):
         sdpa_tiles()["d32"] = sdpa_tiles()["d64"]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        sm90_tiles()[64].groups = 2
+        sm90_tiles()[64, False].groups = 2

@@ -153,8 +153,8 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False) -> KernelPl
     if dtype == np.float32:
         k_pitch = dqk | 1
         return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk))
-    if wgmma and not general and dqk == dv and dqk in sm90_tiles():
-        tile = sm90_tiles()[dqk]
+    if wgmma and dqk == dv and (dqk, general) in sm90_tiles():
+        tile = sm90_tiles()[dqk, general]
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes)
     variant = _pick_variant(dqk, dv)
     tile = variant.general if general else variant.plain
