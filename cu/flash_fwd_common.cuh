@@ -200,15 +200,6 @@ template <class M>
 __device__ __forceinline__ float mask_bias_log2(M value) { return to_float(value) * kLog2e; }
 
 // Adds the mask to a thread's scores of one mma accumulator tile (see general_scores).
-// Two adjacent mask elements, read as one load.
-template <class M>
-struct alignas(2 * sizeof(M)) MaskPair {
-  M x, y;
-};
-
-// Adds the mask to a thread's scores of one mma accumulator tile (see general_scores). A
-// thread's keys come in adjacent pairs (col0 is even): read as one load where the mask's keys
-// are contiguous and the row is aligned for it.
 template <class M, int N8>
 __device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,
                                          int col0, int seq_kv) {
@@ -217,20 +208,11 @@ __device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int 
     // Rows past Sq and keys past Skv read an element that exists; the caller cuts them.
     const M* m = static_cast<const M*>(p.mask) + b * p.mask_batch_stride + h * p.mask_head_stride +
                  min(row0 + 8 * r, seq_q - 1) * p.mask_query_stride;
-    const bool pairs = p.mask_key_stride == 1 && reinterpret_cast<size_t>(m) % sizeof(MaskPair<M>) == 0;
 #pragma unroll
-    for (int j = 0; j < N8; ++j) {
-      const int col = col0 + 8 * j;
-      float* x = s + 4 * j + 2 * r;
-      if (pairs && col + 1 < seq_kv) {
-        const MaskPair<M> pair = *reinterpret_cast<const MaskPair<M>*>(m + col);
-        x[0] += mask_bias_log2(pair.x);
-        x[1] += mask_bias_log2(pair.y);
-      } else {
-        x[0] += mask_bias_log2(m[min(col, seq_kv - 1) * p.mask_key_stride]);
-        x[1] += mask_bias_log2(m[min(col + 1, seq_kv - 1) * p.mask_key_stride]);
-      }
-    }
+    for (int j = 0; j < N8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        s[4 * j + 2 * r + c] += mask_bias_log2(m[min(col0 + 8 * j + c, seq_kv - 1) * p.mask_key_stride]);
   }
 }
 
