@@ -19,7 +19,7 @@ constexpr int kUnboundedWindow = 1 << 30;
 // Applied before any mask (bool, additive, causal, window).
 // tanh x = 1 - 2 / (e^{2x} + 1), with one ex2.approx and one fast reciprocal: its absolute
 // error (a few ulp of 1) is what the logit sees, times cap (~1e-5 at cap 50). tanhf's ~20
-// instructions an element made softcap prefill 5x slower than plain (cu/flash_fwd_notes.md).
+// instructions an element were part of what held softcap prefill at 54 TFLOP/s (cu/flash_fwd_notes.md v2).
 __device__ __forceinline__ float apply_softcap(float s, float cap) {
   if (!(cap > 0.f)) return s;
   float e;  // e^{2 s / cap}; +inf past the float range, then the quotient is 0 and tanh 1
