@@ -79,12 +79,17 @@ enum MaskKind : int {
   MASK_BF16 = 4,
 };
 
+// One mask element as a base-2 bias (bool: 0 or -inf; additive: value * log2 e).
+__device__ __forceinline__ float mask_bias_log2(unsigned char keep) { return keep ? 0.f : neg_inf(); }
+template <class M>
+__device__ __forceinline__ float mask_bias_log2(M value) { return to_float(value) * kLog2e; }
+
 __device__ __forceinline__ float mask_bias_log2(int kind, const void* mask, long long offset) {
   switch (kind) {
-    case MASK_BOOL: return static_cast<const unsigned char*>(mask)[offset] ? 0.f : neg_inf();
-    case MASK_F32: return static_cast<const float*>(mask)[offset] * kLog2e;
-    case MASK_F16: return to_float(static_cast<const __half*>(mask)[offset]) * kLog2e;
-    case MASK_BF16: return to_float(static_cast<const __nv_bfloat16*>(mask)[offset]) * kLog2e;
+    case MASK_BOOL: return mask_bias_log2(static_cast<const unsigned char*>(mask)[offset]);
+    case MASK_F32: return mask_bias_log2(static_cast<const float*>(mask)[offset]);
+    case MASK_F16: return mask_bias_log2(static_cast<const __half*>(mask)[offset]);
+    case MASK_BF16: return mask_bias_log2(static_cast<const __nv_bfloat16*>(mask)[offset]);
     default: return 0.f;
   }
 }

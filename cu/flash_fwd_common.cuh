@@ -194,11 +194,6 @@ __device__ __forceinline__ float score_log2(const FlashFwdParams& p, int seq_q, 
   return x;
 }
 
-// One mask element as a base-2 bias (bool: 0 or -inf; additive: value * log2 e).
-__device__ __forceinline__ float mask_bias_log2(unsigned char keep) { return keep ? 0.f : neg_inf(); }
-template <class M>
-__device__ __forceinline__ float mask_bias_log2(M value) { return to_float(value) * kLog2e; }
-
 // Adds the mask to a thread's scores of one mma accumulator tile (see general_scores).
 template <class M, int N8>
 __device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,
