@@ -179,21 +179,6 @@ __device__ __forceinline__ int clamp_to_tile(long long key) {
   return static_cast<int>(max(-1LL, min(key, static_cast<long long>(BC))));
 }
 
-__device__ __forceinline__ long long mask_offset(const FlashFwdParams& p, int b, int h, int i,
-                                                 int j) {
-  return b * p.mask_batch_stride + h * p.mask_head_stride + i * p.mask_query_stride +
-         j * p.mask_key_stride;
-}
-
-// Scaled, softcapped, masked score in the base-2 domain (-inf = not attended).
-__device__ __forceinline__ float score_log2(const FlashFwdParams& p, int seq_q, int seq_kv, const KeyWindow& win,
-                                            float dot, int b, int h, int i, int j) {
-  if (j >= seq_kv || i >= seq_q || !key_visible(win, i, j)) return neg_inf();
-  float x = apply_softcap(dot * p.scale, p.softcap) * kLog2e;
-  if (p.mask_kind != MASK_NONE) x += mask_bias_log2(p.mask_kind, p.mask, mask_offset(p, b, h, i, j));
-  return x;
-}
-
 // Adds the mask to a thread's scores of one mma accumulator tile (see general_scores).
 template <class M, int N8>
 __device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,

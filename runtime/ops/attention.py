@@ -27,7 +27,7 @@ __all__ = ["sdpa"]
 _DTYPE_NAME = {np.dtype(np.float16): "f16", bfloat16: "bf16", np.dtype(np.float32): "f32"}
 # MaskKind in cu/attention_common.cuh.
 _MASK_KIND = {np.dtype(np.bool_): 1, np.dtype(np.float32): 2, np.dtype(np.float16): 3, bfloat16: 4}
-MAX_HEAD_DIM = 256
+_MAX_HEAD_DIM = 256
 _F32_WARPS = 4  # F32_WARPS in cu/flash_fwd.cu
 
 
@@ -92,6 +92,18 @@ class _Checked:
     return_lse: bool
 
 
+def check_gqa_heads(op: str, hq: int, hkv: int, kv_names: str) -> None:
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"{op}: Hq must be a multiple of Hkv, got Hq={hq} (q) and Hkv={hkv} ({kv_names})")
+
+
+def check_head_dims(op: str, dqk: int, dv: int) -> None:
+    """The tile kernels' head dims: 1.._MAX_HEAD_DIM (zero-padded to a variant's)."""
+    for name, dim in (("Dqk", dqk), ("Dv", dv)):
+        if not 1 <= dim <= _MAX_HEAD_DIM:
+            raise ValueError(f"{op}: head dim {name} must be in 1..{_MAX_HEAD_DIM}, got {dim}")
+
+
 def _validate(a: dict, causal, causal_align, window, scale, softcap, return_lse, on_host: bool = False) -> _Checked:
     op = "sdpa"
     q, k, v = a["q"], a["k"], a["v"]
@@ -107,11 +119,8 @@ def _validate(a: dict, causal, causal_align, window, scale, softcap, return_lse,
         raise ValueError(f"sdpa: k must be [B={batch}, Hkv, Skv, Dqk={dqk}], got {tuple(k.shape)}")
     if tuple(v.shape[:3]) != tuple(k.shape[:3]):
         raise ValueError(f"sdpa: v must be [B, Hkv, Skv, Dv] = [{batch}, {hkv}, {skv}, Dv], got {tuple(v.shape)}")
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"sdpa: Hq must be a multiple of Hkv, got Hq={hq} (q) and Hkv={hkv} (k, v)")
-    for name, dim in (("Dqk", dqk), ("Dv", dv)):
-        if not 1 <= dim <= MAX_HEAD_DIM:
-            raise ValueError(f"sdpa: head dim {name} must be in 1..{MAX_HEAD_DIM}, got {dim}")
+    check_gqa_heads(op, hq, hkv, "k, v")
+    check_head_dims(op, dqk, dv)
     if batch > MAX_GRID_YZ or hq > MAX_GRID_YZ:
         raise ValueError(f"sdpa: B and Hq must each be <= {MAX_GRID_YZ}, got B={batch}, Hq={hq}")
     if max(sq, skv) >= 2**31 - UNBOUNDED_WINDOW:

@@ -27,7 +27,8 @@ from ..context import default_device
 from ..faults import fault_buffer
 from ..memory import WorkspaceLayout
 from ..module import ParamStruct
-from .attention import MAX_HEAD_DIM, Serving, contiguous, flash_params, plan_kernel, runs_wgmma, vector_io_ok
+from .attention import (Serving, check_gqa_heads, check_head_dims, contiguous, flash_params, plan_kernel, runs_wgmma,
+                        vector_io_ok)
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_host_values,
                      check_index_array, check_nonnegative_strides, check_output, check_rank, check_row_bytes,
                      check_same_dtype, check_sinks, check_unit_last_stride, check_workspace_size,
@@ -91,8 +92,7 @@ def _check_host_offsets(op: str, name: str, offsets, tokens: int) -> None:
 
 
 def _check_heads(op: str, hq: int, hkv: int, what: str) -> None:
-    if hkv == 0 or hq % hkv:
-        raise ValueError(f"{op}: Hq must be a multiple of Hkv, got Hq={hq} (q) and Hkv={hkv} ({what})")
+    check_gqa_heads(op, hq, hkv, what)
     if hq > MAX_GRID_YZ:
         raise ValueError(f"{op}: Hq must be <= {MAX_GRID_YZ} (a grid axis), got {hq}")
 
@@ -137,9 +137,7 @@ def _validate_ragged(a: dict, causal, window, scale, softcap, return_lse, on_hos
     if tuple(v.shape[:2]) != (nk, hkv):
         raise ValueError(f"{op}: v must be [Nk, Hkv, Dv] = [{nk}, {hkv}, Dv], got {tuple(v.shape)}")
     _check_heads(op, hq, hkv, "k, v")
-    for name, dim in (("Dqk", dqk), ("Dv", dv)):
-        if not 1 <= dim <= MAX_HEAD_DIM:
-            raise ValueError(f"{op}: head dim {name} must be in 1..{MAX_HEAD_DIM}, got {dim}")
+    check_head_dims(op, dqk, dv)
     if max(nq, nk) >= 2**31 - UNBOUNDED_WINDOW:
         raise ValueError(f"{op}: Nq and Nk must be < {2**31 - UNBOUNDED_WINDOW}, got Nq={nq}, Nk={nk}")
     batch = _check_offsets(op, "cu_seqlens_q", a["cu_seqlens_q"])
