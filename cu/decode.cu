@@ -18,10 +18,11 @@
 // decode_split_<dt>_d<D>: grid (Hkv * row_blocks, B, splits), 128 threads (4 warps), dynamic
 // shared memory sized by runtime/ops/decode.py (shared_bytes). One CTA reads the keys
 // [split * keys_per_split, +keys_per_split) of one (batch, kv head) once, for all Hq/Hkv query
-// heads x Sq rows of its group ("rows", head-major: row = head_in_group * Sq + t). Rows are cut
-// in m-tiles of 16 (mma.sync m16n8k16, fp32 accumulate): warps_m warps along the rows form a
-// warp group, and the 4 / warps_m groups share the keys in blocks of 16 (block j of the split
-// goes to group j % groups). Each group streams its blocks through its own cp.async ring and
+// heads x Sq rows of its group ("rows", head-major: row = head_in_group * Sq + t). Scores are
+// computed transposed (S^T = K Q^T, keys along the mma's m, mma.sync m16n8k16, fp32
+// accumulate), so a warp holds 8 query rows along n: warps_m warps along the rows form a warp
+// group, and the 4 / warps_m groups share the keys in blocks of 16 (block j of the split goes
+// to group j % groups). Each group streams its blocks through its own cp.async ring and
 // synchronises only its own warps (one warp: __syncwarp), so no CTA-wide barrier runs while
 // keys stream. Each warp keeps its own online-softmax state; the groups are merged in shared
 // memory at the end, in warp order. Keys at or past the row's live end are never read
@@ -42,7 +43,7 @@
 // kept in units of R, as it is kept in units of the running max). Per-tensor scales are folded
 // into `scale` (K) and `v_scale` (V) on the host. The bytes are read with the 16-bit
 // ldmatrix, so a lane receives four consecutive bytes of a key: the queries are permuted once
-// per CTA to match, and O's columns come out permuted (undone at the end-of-CTA merge).
+// per CTA to match, and O's d come out permuted (undone at the end-of-CTA merge).
 #include "attention_common.cuh"
 #include "mma.cuh"
 
@@ -87,7 +88,8 @@ struct DecodeParams {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBlockKeys = 16;  // keys a group takes per step: one 16 x 16 block of scores a warp
+constexpr int kBlockKeys = 16;  // keys a group takes per step: one 16 x 8 block of scores a warp
+constexpr int kWarpRows = 8;    // query rows a warp holds: the n of its mma
 
 // D_TILE bounds both Dqk and Dv (runtime values, multiples of 8 / 4 for f32).
 template <class T, int D_TILE>
@@ -165,6 +167,11 @@ template <> struct Operand<float> { static constexpr int kTerms = 3; };
 template <class T> struct MmaType { using type = T; };
 template <> struct MmaType<float> { using type = __nv_bfloat16; };
 
+// The queries' type in the mma: q's own, or f16 against an fp8 cache (q_tile_for_fp8).
+template <class T, class KV> struct QueryType { using type = T; };
+template <class T> struct QueryType<T, fp8_e4m3> { using type = __half; };
+template <class T> struct QueryType<T, fp8_e5m2> { using type = __half; };
+
 // (x0, x1) as Operand<T>::kTerms packed pairs; for f32, x = hi + mid + lo in bf16.
 template <class T>
 __device__ __forceinline__ void to_terms(float x0, float x1, unsigned (&out)[Operand<T>::kTerms]) {
@@ -196,37 +203,35 @@ __device__ __forceinline__ void mma(float (&c)[4], const FragA<T>& a, const Frag
     for (int j = kTerms - 1 - i; j >= 0; --j) mma_16816<typename MmaType<T>::type>(c, a.r[i], b.r[j][0], b.r[j][1]);
 }
 
-// Lane coordinates inside an mma fragment (g = row group, t = thread in group) and, for the
+// Lane coordinates inside an mma fragment (g = group, t = thread in group) and, for the
 // 16-bit ldmatrix loads, each operand's row in a 16-row tile and its slice XOR.
 struct Lane {
   int g, t, lane;
-  int a_row, a_x;  // A = Q
-  int k_row, k_x;  // B = K (keys along n)
-  int v_row, v_x;  // B = V (transposed load)
-  int f8_row, f8_x;  // fp8 K and V: keys 0..7 / 8..15 (lanes 8..15, 24..31), chunk + 1 (lanes 16..31)
+  int k_row, k_x;    // A = K: keys 0..7 / 8..15 (lanes 8..15, 24..31), chunk + 1 (lanes 16..31)
+  int v_row, v_x;    // A = V^T (transposed load): keys 0..7 / 8..15 (lanes 16..31), chunk + 1 (lanes 8..15, 24..31)
+  int f8_row, f8_x;  // fp8 K and V: keys as for K, two slices (chunks c, c + 1) per load
 };
 
 __device__ __forceinline__ Lane make_lane(int lane) {
   Lane ln;
   ln.g = lane / 4, ln.t = lane % 4, ln.lane = lane;
-  ln.a_row = lane & 15, ln.a_x = (lane >> 4) ^ (lane & 7);
-  ln.k_row = (lane & 7) + 8 * (lane >> 4), ln.k_x = ((lane >> 3) & 1) ^ (lane & 7);
-  ln.v_row = (lane & 7) + 8 * ((lane >> 3) & 1), ln.v_x = (lane >> 4) ^ (lane & 7);
-  ln.f8_row = ln.v_row, ln.f8_x = ln.v_x;
+  ln.k_row = lane & 15, ln.k_x = (lane >> 4) ^ (lane & 7);
+  ln.v_row = (lane & 7) + 8 * (lane >> 4), ln.v_x = ((lane >> 3) & 1) ^ (lane & 7);
+  ln.f8_row = ln.k_row, ln.f8_x = ln.k_x;
   return ln;
 }
 
-// A = tile[row0 .. +16, 16 ks .. +16] (row-major, row0 a multiple of 8).
+// A = K, keys 0 .. 16 of a block over d 16 ks .. +16 (row-major, keys along m).
 template <class T, int D_TILE>
-__device__ __forceinline__ FragA<T> load_a(const T* tile, int row0, int ks, const Lane& ln) {
+__device__ __forceinline__ FragA<T> load_a_keys(const T* block, int ks, const Lane& ln) {
   FragA<T> a;
   if constexpr (sizeof(T) == 2) {
-    ldmatrix_x4(a.r[0], smem_u32(tile + (row0 + ln.a_row) * D_TILE + slice_offset(ln.a_x, ks)));
+    ldmatrix_x4(a.r[0], smem_u32(block + ln.k_row * D_TILE + slice_offset(ln.k_x, ks)));
   } else {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {  // reg i: row g + 8 (i & 1), cols 2t + 8 (i >> 1)
+    for (int i = 0; i < 4; ++i) {  // reg i: key g + 8 (i & 1), d 16 ks + 2t + 8 (i >> 1)
       const float2 x = *reinterpret_cast<const float2*>(
-          tile + tile_offset<T, D_TILE>(row0 + ln.g + 8 * (i & 1), 16 * ks + 2 * ln.t + 8 * (i >> 1)));
+          block + tile_offset<T, D_TILE>(ln.g + 8 * (i & 1), 16 * ks + 2 * ln.t + 8 * (i >> 1)));
       unsigned terms[3];
       to_terms<T>(x.x, x.y, terms);
 #pragma unroll
@@ -236,94 +241,99 @@ __device__ __forceinline__ FragA<T> load_a(const T* tile, int row0, int ks, cons
   return a;
 }
 
-// B for S = Q K^T: two n-tiles (keys 0 .. 8, 8 .. 16 of a block) over d 16 ks .. +16.
+// A = V^T for O^T += V^T P^T: d 16 j .. +16 along m over the 16 keys of a block.
 template <class T, int D_TILE>
-__device__ __forceinline__ void load_b_keys(const T* block, int ks, const Lane& ln, FragB<T> (&b)[2]) {
-  if constexpr (sizeof(T) == 2) {
-    unsigned r[4];
-    ldmatrix_x4(r, smem_u32(block + ln.k_row * D_TILE + slice_offset(ln.k_x, ks)));
-    b[0].r[0][0] = r[0], b[0].r[0][1] = r[1], b[1].r[0][0] = r[2], b[1].r[0][1] = r[3];
-  } else {
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {  // reg i: key g, d 2t + 8 i
-        const float2 x = *reinterpret_cast<const float2*>(
-            block + tile_offset<T, D_TILE>(8 * n + ln.g, 16 * ks + 2 * ln.t + 8 * i));
-        unsigned terms[3];
-        to_terms<T>(x.x, x.y, terms);
-#pragma unroll
-        for (int j = 0; j < 3; ++j) b[n].r[j][i] = terms[j];
-      }
-  }
-}
-
-// B for O += P V: two n-tiles (d 16 j .. +8, +8 .. +16) over the 16 keys of a block.
-template <class T, int D_TILE>
-__device__ __forceinline__ void load_b_values(const T* block, int j, const Lane& ln, FragB<T> (&b)[2]) {
-  if constexpr (sizeof(T) == 2) {
-    unsigned r[4];
-    ldmatrix_x4_trans(r, smem_u32(block + ln.v_row * D_TILE + slice_offset(ln.v_x, j)));
-    b[0].r[0][0] = r[0], b[0].r[0][1] = r[1], b[1].r[0][0] = r[2], b[1].r[0][1] = r[3];
-  } else {
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {  // reg i: keys 2t, 2t + 1 (+ 8 i), d g
-        const int key = 2 * ln.t + 8 * i, col = 16 * j + 8 * n + ln.g;
-        unsigned terms[3];
-        to_terms<T>(block[tile_offset<T, D_TILE>(key, col)], block[tile_offset<T, D_TILE>(key + 1, col)], terms);
-#pragma unroll
-        for (int k = 0; k < 3; ++k) b[n].r[k][i] = terms[k];
-      }
-  }
-}
-
-// P (scores of one 16 x 16 block, as accumulators) as the A operand of the next mma.
-template <class T>
-__device__ __forceinline__ FragA<T> scores_as_a(const float (&p)[2][4]) {
+__device__ __forceinline__ FragA<T> load_a_values(const T* block, int j, const Lane& ln) {
   FragA<T> a;
+  if constexpr (sizeof(T) == 2) {
+    ldmatrix_x4_trans(a.r[0], smem_u32(block + ln.v_row * D_TILE + slice_offset(ln.v_x, j)));
+  } else {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {  // reg i: row g + 8 (i & 1), keys 2t + 8 (i >> 1)
-    unsigned terms[Operand<T>::kTerms];
-    to_terms<T>(p[i >> 1][2 * (i & 1)], p[i >> 1][2 * (i & 1) + 1], terms);
+    for (int i = 0; i < 4; ++i) {  // reg i: d 16 j + g + 8 (i & 1), keys 2t, 2t + 1 (+ 8 (i >> 1))
+      const int key = 2 * ln.t + 8 * (i >> 1), col = 16 * j + ln.g + 8 * (i & 1);
+      unsigned terms[3];
+      to_terms<T>(block[tile_offset<T, D_TILE>(key, col)], block[tile_offset<T, D_TILE>(key + 1, col)], terms);
 #pragma unroll
-    for (int j = 0; j < Operand<T>::kTerms; ++j) a.r[j][i] = terms[j];
+      for (int k = 0; k < 3; ++k) a.r[k][i] = terms[k];
+    }
   }
   return a;
 }
 
-// fp8 B operands, two 16-wide slices (chunks c, c + 1) per ldmatrix. K: lane (g, t) gets bytes
-// 4t .. 4t + 3 of key g's chunk, so the mma's k index 2t + j is d 4t + j and 2t + 8 + j is
-// d 4t + 2 + j (q_tile_for_fp8 permutes the queries alike). b[h][n]: slice c + h, keys 8n ..
-// 8n + 8.
-template <class KV, int D_TILE>
-__device__ __forceinline__ void load_b_keys_fp8(const unsigned char* block, int c, const Lane& ln,
-                                                FragB<__half> (&b)[2][2]) {
-  unsigned r[4];
-  ldmatrix_x4(r, smem_u32(block + ln.f8_row * D_TILE + fp8_chunk_offset(ln.f8_x, c)));
+// B = Q^T for S^T = K Q^T: the warp's 8 query rows (row0 ..) along n, every slice of d, read
+// once per CTA and kept in registers.
+template <class T, int D_TILE>
+__device__ __forceinline__ void load_b_queries(const T* q_tile, int row0, const Lane& ln,
+                                               FragB<T> (&b)[D_TILE / 16]) {
+  if constexpr (sizeof(T) == 2) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {  // r[i]: slice c + i / 2, keys 8 (i % 2) ..
-    b[i / 2][i % 2].r[0][0] = fp8_pair_to_f16<KV>(r[i], kBytes01);
-    b[i / 2][i % 2].r[0][1] = fp8_pair_to_f16<KV>(r[i], kBytes23);
+    for (int ks = 0; ks < D_TILE / 16; ks += 2) {  // lane l: row l % 8, chunk 2 ks + l / 8
+      unsigned r[4];
+      ldmatrix_x4(r, smem_u32(q_tile + tile_offset<T, D_TILE>(row0 + (ln.lane & 7), 8 * (2 * ks + ln.lane / 8))));
+      b[ks].r[0][0] = r[0], b[ks].r[0][1] = r[1], b[ks + 1].r[0][0] = r[2], b[ks + 1].r[0][1] = r[3];
+    }
+  } else {
+#pragma unroll
+    for (int ks = 0; ks < D_TILE / 16; ++ks)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {  // reg i: query g, d 16 ks + 2t + 8 i
+        const float2 x = *reinterpret_cast<const float2*>(
+            q_tile + tile_offset<T, D_TILE>(row0 + ln.g, 16 * ks + 2 * ln.t + 8 * i));
+        unsigned terms[3];
+        to_terms<T>(x.x, x.y, terms);
+#pragma unroll
+        for (int j = 0; j < 3; ++j) b[ks].r[j][i] = terms[j];
+      }
   }
 }
 
-// V: the transposed 16-bit load gives lane (g, t) keys 2t, 2t + 1 of columns 2g, 2g + 1 (one
-// byte pair each), so one register feeds two n-tiles: even columns (d = 16 c + 2g) and odd
-// ones (d = 16 c + 2g + 1). b[h][0] / b[h][1]: the even / odd n-tile of slice c + h; O's
-// accumulator n-tiles 2 (c + h) and 2 (c + h) + 1 hold them.
+// P^T (probabilities of one 16-key block, S^T's accumulator layout: keys g, g + 8 and queries
+// 2t, 2t + 1 in this lane) as the B operand of the next mma (keys 2t, 2t + 1, + 8 and query
+// g): each packed 8 x 8 half transposed across the warp by movmatrix.
+template <class T>
+__device__ __forceinline__ FragB<T> probs_as_b(const float (&p)[4]) {
+  FragB<T> b;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {  // reg i: keys 8 i ..
+    unsigned terms[Operand<T>::kTerms];
+    to_terms<T>(p[2 * i], p[2 * i + 1], terms);
+#pragma unroll
+    for (int j = 0; j < Operand<T>::kTerms; ++j) b.r[j][i] = movmatrix_trans(terms[j]);
+  }
+  return b;
+}
+
+// fp8 A operands, two 16-wide slices (chunks c, c + 1) per ldmatrix. K: lane (g, t) gets bytes
+// 4t .. 4t + 3 of key g's chunk, so the mma's k index 2t + j is d 4t + j and 2t + 8 + j is
+// d 4t + 2 + j (q_tile_for_fp8 permutes the queries alike). a[h]: slice c + h.
 template <class KV, int D_TILE>
-__device__ __forceinline__ void load_b_values_fp8(const unsigned char* block, int c, const Lane& ln,
-                                                  FragB<__half> (&b)[2][2]) {
+__device__ __forceinline__ void load_a_keys_fp8(const unsigned char* block, int c, const Lane& ln,
+                                                FragA<__half> (&a)[2]) {
+  unsigned r[4];  // r[2h]: keys 0 .. 8 of slice c + h, r[2h + 1]: keys 8 .. 16
+  ldmatrix_x4(r, smem_u32(block + ln.f8_row * D_TILE + fp8_chunk_offset(ln.f8_x, c)));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    a[h].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes01);
+    a[h].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes01);
+    a[h].r[0][2] = fp8_pair_to_f16<KV>(r[2 * h], kBytes23);
+    a[h].r[0][3] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes23);
+  }
+}
+
+// V^T: the transposed 16-bit load gives lane (g, t) keys 2t, 2t + 1 of columns 2g, 2g + 1 (one
+// byte pair each), so slice c's m-tile holds the even columns (d = 16 c + 2g) in its rows
+// 0 .. 8 and the odd ones in rows 8 .. 16; O^T's accumulator m-tile c keeps that order.
+template <class KV, int D_TILE>
+__device__ __forceinline__ void load_a_values_fp8(const unsigned char* block, int c, const Lane& ln,
+                                                  FragA<__half> (&a)[2]) {
   unsigned r[4];
   ldmatrix_x4_trans(r, smem_u32(block + ln.f8_row * D_TILE + fp8_chunk_offset(ln.f8_x, c)));
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {  // r[2h]: keys 0 .. 8 of slice c + h, r[2h + 1]: keys 8 .. 16
-    b[h][0].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes02);
-    b[h][0].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes02);
-    b[h][1].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes13);
-    b[h][1].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes13);
+  for (int h = 0; h < 2; ++h) {
+    a[h].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes02);
+    a[h].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h], kBytes13);
+    a[h].r[0][2] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes02);
+    a[h].r[0][3] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes13);
   }
 }
 
@@ -548,189 +558,166 @@ __device__ __forceinline__ void zero_padding(const DecodeParams& p, unsigned cha
 }
 
 // ---- attention over one block ---------------------------------------------------------------
-// One warp's running state for its 16 rows: rows g and g + 8 of the m-tile for this lane.
+// Scores are computed transposed, S^T = K Q^T: the block's 16 keys along the mma's m and the
+// warp's 8 query rows along n, so the 4 or 8 rows of a GQA group use half or all of each mma
+// instead of a quarter or half of a 16-row tile (half the mma, softmax and O of rows-along-m;
+// cu/decode_tuning.md v10). A lane holds keys g, g + 8 of query columns 2t, 2t + 1:
+// s[i] is key g + 8 (i / 2), column 2t + i % 2, and every per-row quantity below is per column.
+// O^T += V^T P^T keeps O with d along m: 32 floats a lane at d 128.
 template <int D_TILE>
 struct WarpState {
-  float o[D_TILE / 8][4];  // unnormalised P V, accumulator layout (n-tile of 8 d per entry)
-  float m[2];              // running max, base-2 scaled scores
-  float l[2];              // this lane's part of the running sum
-  float r[2];              // fp8 with per-token V scales: o is in units of r (attend_block_fp8)
+  float o[D_TILE / 16][4];  // unnormalised O^T, accumulator layout (m-tile of 16 d per entry)
+  float m[2];               // running max of columns 2t, 2t + 1, base-2 scaled scores
+  float l[2];               // this lane's part of their running sums
+  float r[2];               // fp8 with per-token V scales: o is in units of r (attend_block_fp8)
 };
 
-// Visible keys [lo, hi) of this lane's rows g and g + 8, and the keys every row of the warp
-// sees: blocks inside [full_lo, full_hi) need no mask.
-struct RowKeys {
+// Visible keys [lo, hi) of this lane's columns 2t and 2t + 1, and the keys every column of the
+// warp sees: blocks inside [full_lo, full_hi) need no mask.
+struct ColumnKeys {
   int lo[2], hi[2];
   int full_lo, full_hi;
 };
 
-__device__ __forceinline__ float exp2_minus(float x, float row_max) { return exp2_ftz(x - exp_subtrahend(row_max)); }
+__device__ __forceinline__ float exp2_minus(float x, float col_max) { return exp2_ftz(x - exp_subtrahend(col_max)); }
 
-// O times factor[r] in rows g + 8r, unless every factor of the warp is 1 (after the first keys
-// a row's max rarely moves).
+// A column's largest value over the block: this lane's two keys, then the 8 lanes of the column.
+__device__ __forceinline__ float column_max(float a, float b) {
+  float x = fmaxf(a, b);
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+}
+
+// O times factor[c] in columns 2t + c, unless every factor of the warp is 1 (after the first
+// keys a column's max rarely moves).
 template <int D_TILE>
 __device__ __forceinline__ void rescale_o(WarpState<D_TILE>& st, const float (&factor)[2]) {
   if (__any_sync(0xffffffffu, factor[0] != 1.f || factor[1] != 1.f)) {
 #pragma unroll
-    for (int n = 0; n < D_TILE / 8; ++n)
+    for (int j = 0; j < D_TILE / 16; ++j)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) st.o[n][i] *= factor[i / 2];
+      for (int i = 0; i < 4; ++i) st.o[j][i] *= factor[i % 2];
   }
 }
 
-// The online softmax over one block's scores s (raw q.k, accumulator layout): scale (row r of
-// the lane by row_scale[r]) and cap to base-2 logits, mask, update the running max and sum.
-// s becomes P; corrections[r] is what the old P's of row r were multiplied by.
+// The online softmax over one block's scores s (raw q.k): scale (column c of the lane by
+// col_scale[c]) and cap to base-2 logits, mask, update the running max and sum. s becomes P;
+// corrections[c] is what the old P's of column c were multiplied by.
 template <int D_TILE>
-__device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[2][4], int key0, const RowKeys& keys,
-                                              const Lane& ln, WarpState<D_TILE>& st, const float (&row_scale)[2],
+__device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[4], int key0, const ColumnKeys& keys,
+                                              const Lane& ln, WarpState<D_TILE>& st, const float (&col_scale)[2],
                                               float (&corrections)[2]) {
   // Scale and cap to base-2 logits (a warp-uniform branch keeps tanh off the common path).
   if (p.softcap > 0.f) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
-      s[i / 4][i % 4] = apply_softcap(s[i / 4][i % 4] * row_scale[(i % 4) / 2], p.softcap) * kLog2e;
+    for (int i = 0; i < 4; ++i) s[i] = apply_softcap(s[i] * col_scale[i % 2], p.softcap) * kLog2e;
   } else {
-    const float scale_log2[2] = {row_scale[0] * kLog2e, row_scale[1] * kLog2e};
+    const float scale_log2[2] = {col_scale[0] * kLog2e, col_scale[1] * kLog2e};
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[i / 4][i % 4] *= scale_log2[(i % 4) / 2];
+    for (int i = 0; i < 4; ++i) s[i] *= scale_log2[i % 2];
   }
 
-  // Mask only blocks that cross some row's window edge or live end (warp-uniform test).
+  // Mask only blocks that cross some column's window edge or live end (warp-uniform test).
   if (key0 < keys.full_lo || key0 + kBlockKeys > keys.full_hi) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int n = i / 4, r = (i % 4) / 2, key = key0 + 8 * n + 2 * ln.t + i % 2;
-      if (!(key >= keys.lo[r] && key < keys.hi[r])) s[n][i % 4] = neg_inf();
+    for (int i = 0; i < 4; ++i) {
+      const int c = i % 2, key = key0 + ln.g + 8 * (i / 2);
+      if (!(key >= keys.lo[c] && key < keys.hi[c])) s[i] = neg_inf();
     }
   }
 
-  // The online softmax update, one row (g or g + 8) at a time.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float row_max = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
-    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 1));
-    row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, 2));
-    const float m_new = fmaxf(st.m[r], row_max);
-    const float correction = exp2_minus(st.m[r], m_new);
-    float sum = 0.f;
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int c = 0; c < 2; ++c) {
-        s[n][2 * r + c] = exp2_minus(s[n][2 * r + c], m_new);
-        sum += s[n][2 * r + c];
-      }
-    st.l[r] = st.l[r] * correction + sum;
-    st.m[r] = m_new;
-    corrections[r] = correction;
+  for (int c = 0; c < 2; ++c) {
+    const float m_new = fmaxf(st.m[c], column_max(s[c], s[c + 2]));
+    const float correction = exp2_minus(st.m[c], m_new);
+    s[c] = exp2_minus(s[c], m_new);
+    s[c + 2] = exp2_minus(s[c + 2], m_new);
+    st.l[c] = st.l[c] * correction + (s[c] + s[c + 2]);
+    st.m[c] = m_new;
+    corrections[c] = correction;
   }
 }
 
 template <class T, int D_TILE>
-__device__ __forceinline__ void attend_block(const DecodeParams& p, const T* q_tile, const T* k_block,
-                                             const T* v_block, int q_row0, int key0, const RowKeys& keys,
-                                             const Lane& ln, WarpState<D_TILE>& st) {
-  // S = Q K^T over d in steps of 16, in two accumulator chains (even / odd steps) to halve
+__device__ __forceinline__ void attend_block(const DecodeParams& p, const FragB<T> (&q)[D_TILE / 16], const T* k_block,
+                                             const T* v_block, int key0, const ColumnKeys& keys, const Lane& ln,
+                                             WarpState<D_TILE>& st) {
+  // S^T = K Q^T over d in steps of 16, in two accumulator chains (even / odd steps) to halve
   // the dependent mma latency, added at the end.
-  float s[2][4] = {}, s_odd[2][4] = {};
+  float s[4] = {}, s_odd[4] = {};
 #pragma unroll
-  for (int ks = 0; ks < D_TILE / 16; ++ks) {
-    const FragA<T> a = load_a<T, D_TILE>(q_tile, q_row0, ks, ln);
-    FragB<T> b[2];
-    load_b_keys<T, D_TILE>(k_block, ks, ln, b);
-    float (&acc)[2][4] = ks % 2 ? s_odd : s;
-    mma<T>(acc[0], a, b[0]);
-    mma<T>(acc[1], a, b[1]);
-  }
+  for (int ks = 0; ks < D_TILE / 16; ++ks) mma<T>(ks % 2 ? s_odd : s, load_a_keys<T, D_TILE>(k_block, ks, ln), q[ks]);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) s[i / 4][i % 4] += s_odd[i / 4][i % 4];
+  for (int i = 0; i < 4; ++i) s[i] += s_odd[i];
 
-  const float row_scale[2] = {p.scale, p.scale};
+  const float col_scale[2] = {p.scale, p.scale};
   float corrections[2];
-  softmax_block<D_TILE>(p, s, key0, keys, ln, st, row_scale, corrections);
+  softmax_block<D_TILE>(p, s, key0, keys, ln, st, col_scale, corrections);
   rescale_o(st, corrections);
 
-  const FragA<T> pa = scores_as_a<T>(s);
+  const FragB<T> pb = probs_as_b<T>(s);
 #pragma unroll
-  for (int j = 0; j < D_TILE / 16; ++j) {
-    FragB<T> b[2];
-    load_b_values<T, D_TILE>(v_block, j, ln, b);
-    mma<T>(st.o[2 * j], pa, b[0]);
-    mma<T>(st.o[2 * j + 1], pa, b[1]);
-  }
+  for (int j = 0; j < D_TILE / 16; ++j) mma<T>(st.o[j], load_a_values<T, D_TILE>(v_block, j, ln), pb);
 }
 
-// s[n][i] (keys 8n + 2t + i % 2) times the block's scales of those keys.
-__device__ __forceinline__ void scale_by_key(float (&s)[2][4], const float* scales, const Lane& ln) {
-#pragma unroll
-  for (int n = 0; n < 2; ++n) {
-    const float2 x = *reinterpret_cast<const float2*>(scales + 8 * n + 2 * ln.t);
-    s[n][0] *= x.x, s[n][1] *= x.y, s[n][2] *= x.x, s[n][3] *= x.y;
-  }
+// s[i] (key g + 8 (i / 2)) times the block's scale of that key.
+__device__ __forceinline__ void scale_by_key(float (&s)[4], const float* scales, const Lane& ln) {
+  const float lo = scales[ln.g], hi = scales[ln.g + 8];
+  s[0] *= lo, s[1] *= lo, s[2] *= hi, s[3] *= hi;
 }
 
-// attend_block for an fp8 stage (K bytes, V bytes, scales) against the f16 query tile that
-// q_tile_for_fp8 made; row_scale: the softmax scale over each lane row's query factor.
+// attend_block for an fp8 stage (K bytes, V bytes, scales) against the f16 queries that
+// q_tile_for_fp8 made; col_scale: the softmax scale over each lane column's query factor.
 template <class KV, int D_TILE>
-__device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const __half* q_tile,
-                                                 const unsigned char* stage, int q_row0, int key0,
-                                                 const RowKeys& keys, const Lane& ln, WarpState<D_TILE>& st,
-                                                 const float (&row_scale)[2]) {
+__device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const FragB<__half> (&q)[D_TILE / 16],
+                                                 const unsigned char* stage, int key0, const ColumnKeys& keys,
+                                                 const Lane& ln, WarpState<D_TILE>& st,
+                                                 const float (&col_scale)[2]) {
   using S = Stage<KV, D_TILE>;
   const float* scales = reinterpret_cast<const float*>(stage + 2 * S::kBlockBytes);
-  float s[2][4] = {}, s_odd[2][4] = {};
+  float s[4] = {}, s_odd[4] = {};
 #pragma unroll
   for (int c = 0; c < D_TILE / 16; c += 2) {
-    FragB<__half> b[2][2];
-    load_b_keys_fp8<KV, D_TILE>(stage, c, ln, b);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const FragA<__half> a = load_a<__half, D_TILE>(q_tile, q_row0, c + h, ln);
-      float (&acc)[2][4] = h ? s_odd : s;
-      mma<__half>(acc[0], a, b[h][0]);
-      mma<__half>(acc[1], a, b[h][1]);
-    }
+    FragA<__half> a[2];
+    load_a_keys_fp8<KV, D_TILE>(stage, c, ln, a);
+    mma<__half>(s, a[0], q[c]);
+    mma<__half>(s_odd, a[1], q[c + 1]);
   }
 #pragma unroll
-  for (int i = 0; i < 8; ++i) s[i / 4][i % 4] += s_odd[i / 4][i % 4];
+  for (int i = 0; i < 4; ++i) s[i] += s_odd[i];
   if (p.k_scales != nullptr) scale_by_key(s, scales, ln);
 
   float corrections[2];
-  softmax_block<D_TILE>(p, s, key0, keys, ln, st, row_scale, corrections);
+  softmax_block<D_TILE>(p, s, key0, keys, ln, st, col_scale, corrections);
   if (p.v_scales == nullptr) {
     rescale_o(st, corrections);
   } else {
-    // P times the keys' V scales (after the sum: l counts P itself), over the running row
+    // P times the keys' V scales (after the sum: l counts P itself), over the running column
     // maximum r of those products: O is kept in units of r, and the f16 operand in [0, 1].
     scale_by_key(s, scales + kBlockKeys, ln);
     float factor[2], inv[2];
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float top = fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1]));
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
-      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
-      const float r_old = st.r[r] * corrections[r];  // o's unit after this block's new max
+    for (int c = 0; c < 2; ++c) {
+      const float top = column_max(s[c], s[c + 2]);
+      const float r_old = st.r[c] * corrections[c];  // o's unit after this block's new max
       const float r_new = fmaxf(r_old, top);
-      inv[r] = r_new > 0.f ? 1.f / r_new : 0.f;
-      factor[r] = r_new == r_old ? 1.f : r_old * inv[r];
-      st.r[r] = r_new;
+      inv[c] = r_new > 0.f ? 1.f / r_new : 0.f;
+      factor[c] = r_new == r_old ? 1.f : r_old * inv[c];
+      st.r[c] = r_new;
     }
     rescale_o(st, factor);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) s[i / 4][i % 4] *= inv[(i % 4) / 2];
+    for (int i = 0; i < 4; ++i) s[i] *= inv[i % 2];
   }
 
-  const FragA<__half> pa = scores_as_a<__half>(s);
+  const FragB<__half> pb = probs_as_b<__half>(s);
 #pragma unroll
   for (int c = 0; c < D_TILE / 16; c += 2) {
-    FragB<__half> b[2][2];
-    load_b_values_fp8<KV, D_TILE>(stage + S::kBlockBytes, c, ln, b);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mma<__half>(st.o[2 * (c + h)], pa, b[h][0]);
-      mma<__half>(st.o[2 * (c + h) + 1], pa, b[h][1]);
-    }
+    FragA<__half> a[2];
+    load_a_values_fp8<KV, D_TILE>(stage + S::kBlockBytes, c, ln, a);
+    mma<__half>(st.o[c], a[0], pb);
+    mma<__half>(st.o[c + 1], a[1], pb);
   }
 }
 
@@ -802,13 +789,14 @@ __device__ __forceinline__ void store_row(const DecodeParams& p, int b, int kvh,
 }
 
 // Floats between two rows of a warp's o in the end-of-CTA merge: the padding spreads the
-// float2 stores of rows g = 0..3 over all 32 banks.
+// stores of columns 2t (rows 0, 2, 4, 6) over all 32 banks.
 template <int D_TILE>
-constexpr int kPartStride = D_TILE + 8;
+constexpr int kPartStride = D_TILE + 4;
 
 template <class T, class KV, int D_TILE>
 __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   using S = Stage<KV, D_TILE>;
+  using QT = typename QueryType<T, KV>::type;  // the queries as the mma reads them
   extern __shared__ __align__(128) unsigned char smem[];
 
   // Split slowest: a grid of more than one wave (many rows, or the benchmarks' override)
@@ -821,7 +809,7 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   const Lane ln = make_lane(threadIdx.x % 32);
   const int warps_m = p.warps_m, groups = kWarps / warps_m;
   const int wm = warp % warps_m, wk = warp / warps_m;  // row tile, key group
-  const int cta_rows = 16 * warps_m;
+  const int cta_rows = kWarpRows * warps_m;
   const int row0 = (blockIdx.x % row_blocks) * cta_rows;  // first group row of this CTA
   const int group_rows = (p.hq / p.hkv) * p.sq;
 
@@ -856,18 +844,18 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   unsigned char* rings = reinterpret_cast<unsigned char*>(row_amax + (kIsFp8<KV> ? cta_rows : 0));
   unsigned char* ring = rings + wk * p.stages * S::kBytes;
 
-  // Per-lane rows g and g + 8: their visible keys [lo, hi), hi capped at this split's end.
-  // Rows past the group never force a mask (their zero queries give finite scores).
-  RowKeys keys;
+  // Per-lane columns 2t and 2t + 1: their visible keys [lo, hi), hi capped at this split's
+  // end. Columns past the group never force a mask (their zero queries give finite scores).
+  ColumnKeys keys;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int gr = row0 + wm * 16 + ln.g + 8 * r;
+  for (int c = 0; c < 2; ++c) {
+    const int gr = row0 + wm * kWarpRows + 2 * ln.t + c;
     if (gr < group_rows) {
       const int t = gr % p.sq;
-      keys.lo[r] = int(max(first_visible_key(window, t), 0LL));
-      keys.hi[r] = int(min(last_visible_key(window, t) + 1, (long long)key_end));
+      keys.lo[c] = int(max(first_visible_key(window, t), 0LL));
+      keys.hi[c] = int(min(last_visible_key(window, t) + 1, (long long)key_end));
     } else {
-      keys.lo[r] = 0, keys.hi[r] = key_end;
+      keys.lo[c] = 0, keys.hi[c] = key_end;
     }
   }
   keys.full_lo = __reduce_max_sync(0xffffffffu, max(keys.lo[0], keys.lo[1]));
@@ -875,7 +863,7 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
 
   WarpState<D_TILE> st;
 #pragma unroll
-  for (int n = 0; n < D_TILE / 8; ++n) st.o[n][0] = st.o[n][1] = st.o[n][2] = st.o[n][3] = 0.f;
+  for (int j = 0; j < D_TILE / 16; ++j) st.o[j][0] = st.o[j][1] = st.o[j][2] = st.o[j][3] = 0.f;
   st.m[0] = st.m[1] = neg_inf();
   st.l[0] = st.l[1] = 0.f;
   st.r[0] = st.r[1] = 0.f;
@@ -893,16 +881,16 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   }
   cp_async_wait_pending(p.stages - 1);  // the queries have landed (the blocks need not have)
   __syncthreads();
+  // fp8: the softmax scale over each of this lane's columns' query factor (unused otherwise).
+  float col_scale[2] = {p.scale, p.scale};
   if constexpr (kIsFp8<KV>) {
     q_tile_for_fp8<T, D_TILE>(q_tile, row_amax, cta_rows);
     __syncthreads();
-  }
-  // fp8: the softmax scale over each of this lane's rows' query factor (unused otherwise).
-  float row_scale[2] = {p.scale, p.scale};
-  if constexpr (kIsFp8<KV>) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) row_scale[r] = p.scale * f16_row_factor(row_amax[wm * 16 + ln.g + 8 * r], true);
+    for (int c = 0; c < 2; ++c) col_scale[c] = p.scale * f16_row_factor(row_amax[wm * kWarpRows + 2 * ln.t + c], true);
   }
+  FragB<QT> q[D_TILE / 16];
+  load_b_queries<QT, D_TILE>(reinterpret_cast<const QT*>(q_tile), wm * kWarpRows, ln, q);
 
   int read_stage = 0, write_stage = p.stages - 1;
   for (int n = 0; n < iterations; ++n) {
@@ -917,12 +905,10 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
     if (n < num_blocks) {
       const int key0 = group_begin + n * group_step;
       if constexpr (kIsFp8<KV>) {
-        attend_block_fp8<KV, D_TILE>(p, reinterpret_cast<const __half*>(q_tile), stage, wm * 16, key0, keys, ln, st,
-                                     row_scale);
+        attend_block_fp8<KV, D_TILE>(p, q, stage, key0, keys, ln, st, col_scale);
       } else {
         const T* k_block = reinterpret_cast<const T*>(stage);
-        attend_block<T, D_TILE>(p, q_tile, k_block, k_block + Config<T, D_TILE>::kBlockElems, wm * 16, key0, keys,
-                                ln, st);
+        attend_block<T, D_TILE>(p, q, k_block, k_block + Config<T, D_TILE>::kBlockElems, key0, keys, ln, st);
       }
     }
     read_stage = read_stage + 1 == p.stages ? 0 : read_stage + 1;
@@ -930,71 +916,61 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   }
   cp_async_wait<0>();
 
-  // Each lane holds part of its rows' sums: total them over the 4 lanes of the row.
+  // Each lane holds part of its columns' sums: total them over the 8 lanes of the column.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 1);
-    st.l[r] += __shfl_xor_sync(0xffffffffu, st.l[r], 2);
+  for (int c = 0; c < 2; ++c) {
+    st.l[c] += __shfl_xor_sync(0xffffffffu, st.l[c], 4);
+    st.l[c] += __shfl_xor_sync(0xffffffffu, st.l[c], 8);
+    st.l[c] += __shfl_xor_sync(0xffffffffu, st.l[c], 16);
   }
 
-  // Merge the groups' warps of each m-tile in shared memory, in warp order: one warp a row.
+  // Merge the groups' warps of each row tile in shared memory, in warp order: one warp a row.
   __syncthreads();  // every warp is done with the rings
   constexpr int kStride = kPartStride<D_TILE>;
   float* stat_m = reinterpret_cast<float*>(smem);
-  float* stat_l = stat_m + kWarps * 16;
-  float* part_o = stat_l + kWarps * 16;  // [warp][16 rows][kStride]
+  float* stat_l = stat_m + kWarps * kWarpRows;
+  float* part_o = stat_l + kWarps * kWarpRows;  // [warp][kWarpRows rows][kStride]
   {
-    float* my_o = part_o + warp * 16 * kStride;
-    if constexpr (kIsFp8<KV>) {
-      // n-tiles 2c / 2c + 1 hold the even / odd columns of slice c (load_b_values_fp8): this
-      // lane's d 16c + 4t .. + 3 are (even 2t, odd 2t, even 2t + 1, odd 2t + 1).
-      // With per-token V scales o is in units of r (attend_block_fp8).
-      const float unit[2] = {p.v_scales != nullptr ? st.r[0] : 1.f, p.v_scales != nullptr ? st.r[1] : 1.f};
+    float* my_o = part_o + warp * kWarpRows * kStride;
+    // With per-token V scales an fp8 o is in units of r (attend_block_fp8).
+    const bool in_units = kIsFp8<KV> && p.v_scales != nullptr;
+    const float unit[2] = {in_units ? st.r[0] : 1.f, in_units ? st.r[1] : 1.f};
 #pragma unroll
-      for (int c = 0; c < D_TILE / 16; ++c) {
-        if (c * 16 < p.dv) {
+    for (int j = 0; j < D_TILE / 16; ++j) {
+      if (j * 16 < p.dv) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<float4*>(my_o + (ln.g + 8 * h) * kStride + 16 * c + 4 * ln.t) =
-                make_float4(st.o[2 * c][2 * h] * unit[h], st.o[2 * c + 1][2 * h] * unit[h],
-                            st.o[2 * c][2 * h + 1] * unit[h], st.o[2 * c + 1][2 * h + 1] * unit[h]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int n = 0; n < D_TILE / 8; ++n) {
-        if (n * 8 < p.dv) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-            *reinterpret_cast<float2*>(my_o + (ln.g + 8 * h) * kStride + n * 8 + 2 * ln.t) =
-                make_float2(st.o[n][2 * h], st.o[n][2 * h + 1]);
+        for (int i = 0; i < 4; ++i) {
+          // m-tile j's rows g, g + 8: d 16j + g, + 8 (16-bit V) or 16j + 2g, + 1 (fp8 V:
+          // even and odd columns, load_a_values_fp8).
+          const int d = 16 * j + (kIsFp8<KV> ? 2 * ln.g + i / 2 : ln.g + 8 * (i / 2));
+          my_o[(2 * ln.t + i % 2) * kStride + d] = st.o[j][i] * unit[i % 2];
         }
       }
     }
-    if (ln.t == 0) {
+    if (ln.g == 0) {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        stat_m[warp * 16 + ln.g + 8 * r] = st.m[r];
-        stat_l[warp * 16 + ln.g + 8 * r] = st.l[r];
+      for (int c = 0; c < 2; ++c) {
+        stat_m[warp * kWarpRows + 2 * ln.t + c] = st.m[c];
+        stat_l[warp * kWarpRows + 2 * ln.t + c] = st.l[c];
       }
     }
   }
   __syncthreads();
 
   for (int rr = warp; rr < cta_rows && row0 + rr < group_rows; rr += kWarps) {
-    // Row rr lives in m-tile rr / 16, held by warps m_tile + j * warps_m (j < groups).
-    const int m_tile = rr / 16, r = rr % 16;
+    // Row rr lives in row tile rr / kWarpRows, held by warps tile + j * warps_m (j < groups).
+    const int tile = rr / kWarpRows, r = rr % kWarpRows;
     float m_all = neg_inf();
 #pragma unroll
     for (int j = 0; j < kWarps; ++j)
-      if (j < groups) m_all = fmaxf(m_all, stat_m[(m_tile + j * warps_m) * 16 + r]);
+      if (j < groups) m_all = fmaxf(m_all, stat_m[(tile + j * warps_m) * kWarpRows + r]);
     float weight[kWarps];
     float l_all = 0.f;
 #pragma unroll
     for (int j = 0; j < kWarps; ++j) {
-      const int w = m_tile + j * warps_m;
-      weight[j] = j < groups ? safe_exp2(stat_m[w * 16 + r], m_all) : 0.f;
-      if (j < groups) l_all += weight[j] * stat_l[w * 16 + r];
+      const int w = tile + j * warps_m;
+      weight[j] = j < groups ? safe_exp2(stat_m[w * kWarpRows + r], m_all) : 0.f;
+      if (j < groups) l_all += weight[j] * stat_l[w * kWarpRows + r];
     }
     const float lse = l_all > 0.f ? (m_all + log2f(l_all)) * kLn2 : neg_inf();
     store_row<T>(p, b, kvh, row0 + rr, split, lse, ln.lane, [&](int d) {
@@ -1002,7 +978,8 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
 #pragma unroll
       for (int j = 0; j < kWarps; ++j) {
         if (j < groups) {
-          const float4 x = *reinterpret_cast<const float4*>(part_o + ((m_tile + j * warps_m) * 16 + r) * kStride + d);
+          const float4 x =
+              *reinterpret_cast<const float4*>(part_o + ((tile + j * warps_m) * kWarpRows + r) * kStride + d);
           o.x += weight[j] * x.x, o.y += weight[j] * x.y, o.z += weight[j] * x.z, o.w += weight[j] * x.w;
         }
       }

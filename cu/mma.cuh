@@ -1,5 +1,5 @@
 // Thin wrappers over the PTX instructions the tensor-core kernels share: shared-memory
-// addresses, cp.async with commit/wait groups, ldmatrix, mma.sync m16n8k16 (f16/bf16
+// addresses, cp.async with commit/wait groups, ldmatrix, movmatrix, mma.sync m16n8k16 (f16/bf16
 // in, fp32 accumulate), packing fp32 pairs into mma operands, ftz exp2, and the XOR
 // swizzle of 16-byte chunks that keeps ldmatrix and cp.async free of bank conflicts.
 #pragma once
@@ -45,6 +45,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(unsigned (&r)[4], unsigned sme
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr));
+}
+
+// Transposes an 8x8 b16 matrix held one packed pair a lane (row lane / 4, columns 2 (lane % 4)
+// and + 1) across the warp: lane l receives row l / 4 of the transpose the same way.
+__device__ __forceinline__ unsigned movmatrix_trans(unsigned x) {
+  unsigned y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // ---- mma.sync ----------------------------------------------------------------------

@@ -26,13 +26,14 @@ from .module import manifest
 
 __all__ = ["TcTile", "SdpaVariant", "Sm90Tile", "DecodeTile", "sdpa_tiles", "sm90_tiles", "decode_d_tiles",
            "merge_dtypes", "softmax_dtypes", "DECODE_THREADS", "DECODE_WARPS", "DECODE_KEYS_PER_BLOCK",
-           "DECODE_MERGE_ROW_PAD"]
+           "DECODE_WARP_ROWS", "DECODE_MERGE_ROW_PAD"]
 
 # Constants of cu/decode.cu that its shared-memory size depends on.
 DECODE_THREADS = 128        # kThreads
 DECODE_WARPS = DECODE_THREADS // 32
 DECODE_KEYS_PER_BLOCK = 16  # kBlockKeys: keys a warp group takes per step
-DECODE_MERGE_ROW_PAD = 8    # kPartStride - D_TILE: floats of padding per row of the end-of-CTA merge
+DECODE_WARP_ROWS = 8        # kWarpRows: query rows a warp holds
+DECODE_MERGE_ROW_PAD = 4    # kPartStride - D_TILE: floats of padding per row of the end-of-CTA merge
 _ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}
 
 
@@ -151,11 +152,12 @@ class DecodeTile:
         stage = 2 * DECODE_KEYS_PER_BLOCK * self.d * _ITEMSIZE[self.kv or self.dtype]
         if self.kv:
             stage += 2 * DECODE_KEYS_PER_BLOCK * 4
-        queries = 16 * warps_m * self.d * _ITEMSIZE[self.dtype]
+        rows = DECODE_WARP_ROWS * warps_m
+        queries = rows * self.d * _ITEMSIZE[self.dtype]
         if self.kv:
-            queries += 16 * warps_m * 4  # each row's largest magnitude (q_tile_for_fp8)
+            queries += rows * 4  # each row's largest magnitude (q_tile_for_fp8)
         ring = queries + groups * stages * stage
-        merge = (2 + self.d + DECODE_MERGE_ROW_PAD) * 16 * DECODE_WARPS * 4
+        merge = (2 + self.d + DECODE_MERGE_ROW_PAD) * DECODE_WARP_ROWS * DECODE_WARPS * 4
         return max(ring, merge)
 
 

@@ -20,7 +20,7 @@ from ..context import default_device
 from ..faults import fault_buffer
 from ..memory import WorkspaceLayout
 from ..module import ParamStruct
-from ..variants import DECODE_KEYS_PER_BLOCK, DECODE_THREADS, DECODE_WARPS, DecodeTile, decode_d_tiles
+from ..variants import DECODE_KEYS_PER_BLOCK, DECODE_THREADS, DECODE_WARP_ROWS, DECODE_WARPS, DecodeTile, decode_d_tiles
 from ..dtypes import bfloat16
 from .checks import (ATTENTION_DTYPES, MAX_GRID_YZ, check_attention_dtype, check_flag, check_host_values,
                      check_index_array, check_output, check_rank, check_row_bytes, check_same_dtype, check_sinks,
@@ -125,8 +125,8 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
     dtype = np.dtype(dtype)
     tile = d_tile_for(dtype, dqk, dv, cache_dtype)
     rows = hq // hkv * sq  # query rows sharing one kv head
-    warps_m = 1 if rows <= 16 else 2 if rows <= 32 else 4
-    row_blocks = _ceil_div(rows, 16 * warps_m)
+    warps_m = 1 if rows <= DECODE_WARP_ROWS else 2 if rows <= 2 * DECODE_WARP_ROWS else 4
+    row_blocks = _ceil_div(rows, DECODE_WARP_ROWS * warps_m)
     if stages is None:
         stages = ring_depth(tile, warps_m, max_shared)
     smem = tile.shared_bytes(warps_m, stages)
