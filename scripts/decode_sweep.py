@@ -4,7 +4,7 @@
     python3 scripts/decode_sweep.py                          # every shape, default geometry only
     python3 scripts/decode_sweep.py --shapes B1 B8u --ctas-per-sm 1 2 4 --stages 2 3 --waves 1 2
 
-bf16, Hq32 Hkv8 D128, Sq 1; rows at capacity, or (shapes ending in "u") lengths drawn in
+bf16 queries, Hq32 Hkv8 D128, Sq 1, bf16 caches or (--cache e4m3) fp8 ones with per-token scales; rows at capacity, or (shapes ending in "u") lengths drawn in
 [1, capacity]. For each shape and each (CTAs an SM holds, ring depth) whose plan differs from
 one already measured (and each grid target in waves), one line ("*" marks the plan decode() ships):
 
@@ -27,6 +27,8 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -78,41 +80,64 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed
 
     import ptxattn
     from bench_common import rotation_count, time_ms
+    from bench_decode import FP8, _fp8_cache
     from ptxattn.ops import decode as decode_module
     from ptxattn.ops.prepared import clear_bindings
 
     gen = torch.Generator(device="cuda").manual_seed(seed)
     lens = (torch.randint(1, capacity + 1, (batch,), dtype=torch.int32, device="cuda", generator=gen) if uniform
             else torch.full((batch,), capacity, dtype=torch.int32, device="cuda"))
-    sets = [tuple(torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=gen)
-                  for shape in ((batch, HQ, 1, D), (batch, HKV, capacity, D), (batch, HKV, capacity, D)))
-            for _ in range(rotation_count(2 * batch * HKV * capacity * D * 2))]
+    fp8 = args.cache == "e4m3"
+    kv_bytes = 1 if fp8 else 2
+    rng = np.random.default_rng(seed)
+    sets = []
+    for _ in range(rotation_count(2 * batch * HKV * capacity * D * kv_bytes)):
+        q = torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+        if fp8:  # (q, k, k_scale, v, v_scale) as bench_decode makes them, the reference's cache dequantized
+            kv = [ptxattn.asarray(x) for _ in range(2) for x in _fp8_cache(rng, (batch, HKV, capacity, D))]
+            sets.append((q, *kv))
+        else:
+            sets.append((q, *(torch.randn(batch, HKV, capacity, D, device="cuda", dtype=torch.bfloat16,
+                                          generator=gen) for _ in range(2))))
     out = torch.empty(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16)
-    q0, k0, v0 = sets[0]
+    q0 = sets[0][0]
+    if fp8:
+        k0, v0 = (torch.from_numpy(a.get().astype(np.float32) * s.get()[..., None]).cuda()
+                  for a, s in (sets[0][1:3], sets[0][3:5]))
+    else:
+        k0, v0 = sets[0][1:]
     group = HQ // HKV
-    reference = torch.cat([F.scaled_dot_product_attention(
-        q0[i:i + 1], k0[i:i + 1, :, :int(lens[i])].repeat_interleave(group, 1),
+    reference_out = torch.cat([F.scaled_dot_product_attention(
+        q0[i:i + 1].to(k0.dtype), k0[i:i + 1, :, :int(lens[i])].repeat_interleave(group, 1),
         v0[i:i + 1, :, :int(lens[i])].repeat_interleave(group, 1)) for i in range(batch)]).float()
-    dev_sets = [tuple(ptxattn.from_dlpack(t, stream) for t in s) for s in sets]
+    del k0, v0
+    dev_sets = [tuple(ptxattn.from_dlpack(t, stream) if isinstance(t, torch.Tensor) else t for t in s) for s in sets]
     dev_lens, dev_out = ptxattn.from_dlpack(lens, stream), ptxattn.from_dlpack(out, stream)
-    moved = 2 * HKV * D * 2 * int(lens.sum()) + 2 * batch * HQ * D * 2
-    print(f"{name}: B{batch} capacity {capacity}, {int(lens.sum()) / (batch * capacity):.3f} of the keys live", flush=True)
+    # fp8: the bytes of K and V and of their float32 scales
+    moved = 2 * HKV * (D * kv_bytes + (4 if fp8 else 0)) * int(lens.sum()) + 2 * batch * HQ * D * 2
+    print(f"{name}: B{batch} capacity {capacity}, {args.cache} cache, "
+          f"{int(lens.sum()) / (batch * capacity):.3f} of the keys live", flush=True)
 
     workspace = {}  # the current plan's, made before its capture
 
     def step(i):
-        q, k, v = dev_sets[i]
-        ptxattn.decode(q, k, v, dev_lens, out=dev_out, workspace=workspace["ws"], stream=stream)
+        if fp8:
+            q, k, k_scale, v, v_scale = dev_sets[i]
+            ptxattn.decode(q, k, v, dev_lens, k_scale=k_scale, v_scale=v_scale, out=dev_out,
+                           workspace=workspace["ws"], stream=stream)
+        else:
+            q, k, v = dev_sets[i]
+            ptxattn.decode(q, k, v, dev_lens, out=dev_out, workspace=workspace["ws"], stream=stream)
 
     def error() -> float:
         torch.cuda.synchronize()
-        return float((out.float() - reference).norm() / reference.norm())
+        return float((out.float() - reference_out).norm() / reference_out.norm())
 
     shipped_plan = decode_module.plan_decode
 
     def plan_of(**override):
         return shipped_plan(batch=batch, hq=HQ, hkv=HKV, sq=1, dqk=D, dv=D, capacity=capacity,
-                            dtype=ptxattn.bfloat16, sm_count=dev.sm_count,
+                            dtype=ptxattn.bfloat16, cache_dtype=FP8 if fp8 else None, sm_count=dev.sm_count,
                             max_shared=dev.max_shared_per_block_optin, **override)
 
     default = plan_of()
@@ -163,7 +188,7 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed
               f"waves={ctas / (resident * dev.sm_count):.2f}  {moved / (ms * 1e-3) / 1e12:.2f} TB/s "
               f"step {ms * 1e3:7.1f} | split {fmt(times['split'])} combine {fmt(times['combine'])} "
               f"gap {fmt(times['gap'])} span {fmt(times['span'])} | err {err:.1e}", flush=True)
-    del sets, dev_sets, reference
+    del sets, dev_sets, reference_out
     torch.cuda.empty_cache()
 
 
@@ -172,6 +197,8 @@ def main() -> int:
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--ctas-per-sm", nargs="+", type=int, help="CTAs an SM is taken to hold (default: the plan's)")
     parser.add_argument("--stages", nargs="+", type=int, help="ring depths (default: the plan's)")
+    parser.add_argument("--cache", choices=["bf16", "e4m3"], default="bf16",
+                        help="the caches' dtype (e4m3: per-(token, kv head) scales, as bench_decode's fp8 rows)")
     parser.add_argument("--waves", nargs="+", type=int, help="grid targets in waves of resident CTAs "
                                                              "(default: the plan's)")
     args = parser.parse_args()
