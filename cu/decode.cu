@@ -77,7 +77,7 @@ struct DecodeParams {
   int num_pages;       // pages in the pool (paged only)
   int page_size_log2;  // paged only
   int num_splits;
-  int keys_per_split;  // a multiple of kBlockKeys * kWarps
+  int keys_per_split;  // a multiple of kBlockKeys<KV> * kWarps
   int warps_m;         // 1, 2 or 4 warps along the rows (a warp group)
   int stages;          // depth of each group's K/V cp.async ring: 2, 3 or 4
   int window_left;     // kUnboundedWindow when unbounded
@@ -88,19 +88,8 @@ struct DecodeParams {
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBlockKeys = 16;  // keys a group takes per step: one 16 x 8 block of scores a warp
-constexpr int kWarpRows = 8;    // query rows a warp holds: the n of its mma
-
-// D_TILE bounds both Dqk and Dv (runtime values, multiples of 8 / 4 for f32).
-template <class T, int D_TILE>
-struct Config {
-  static constexpr int kChunk = 16 / int(sizeof(T));  // elements in one 16-byte chunk
-  static constexpr int kChunksPerRow = D_TILE / kChunk;
-  static constexpr int kBlockElems = kBlockKeys * D_TILE;
-  static constexpr int kRowsPerLane = kBlockKeys * kChunksPerRow / 32;  // one warp copies a block
-  static_assert(kChunksPerRow >= 8, "the XOR swizzle needs rows of at least 128 bytes");
-  static_assert(kThreads % kChunksPerRow == 0, "query loader mapping");
-};
+constexpr int kTileKeys = 16;  // keys of one mma m-tile of scores (16 keys x 8 query rows)
+constexpr int kWarpRows = 8;   // query rows a warp holds: the n of its mma
 
 // ---- fp8 cache elements ---------------------------------------------------------------------
 // The bytes of an fp8 cache; only fp8_pair_to_f16 reads their meaning.
@@ -109,6 +98,22 @@ struct fp8_e5m2 { unsigned char bits; };
 template <class KV> constexpr bool kIsFp8 = false;
 template <> constexpr bool kIsFp8<fp8_e4m3> = true;
 template <> constexpr bool kIsFp8<fp8_e5m2> = true;
+
+// Keys a group takes per step from a cache of KV: one m-tile, or two for fp8, whose bytes
+// cost so little that the per-step softmax work (column maxima, rescales) would set the pace
+// (cu/decode_tuning.md v10).
+template <class KV> constexpr int kBlockKeys = kIsFp8<KV> ? 2 * kTileKeys : kTileKeys;
+
+// D_TILE bounds both Dqk and Dv (runtime values, multiples of 8 / 4 for f32).
+template <class T, int D_TILE>
+struct Config {
+  static constexpr int kChunk = 16 / int(sizeof(T));  // elements in one 16-byte chunk
+  static constexpr int kChunksPerRow = D_TILE / kChunk;
+  static constexpr int kBlockElems = kBlockKeys<T> * D_TILE;
+  static constexpr int kRowsPerLane = kBlockKeys<T> * kChunksPerRow / 32;  // one warp copies a block
+  static_assert(kChunksPerRow >= 8, "the XOR swizzle needs rows of at least 128 bytes");
+  static_assert(kThreads % kChunksPerRow == 0, "query loader mapping");
+};
 template <class A, class B> constexpr bool kSame = false;
 template <class A> constexpr bool kSame<A, A> = true;
 
@@ -385,21 +390,42 @@ __device__ __forceinline__ void q_tile_for_fp8(T* q_tile, float* row_amax, int r
 }
 
 // ---- moving keys and queries into shared memory ---------------------------------------------
-// A ring stage: the K block, the V block and, for fp8 caches, the block's 16 K then 16 V scales.
+// A ring stage: the K block, the V block and, for fp8 caches, the block's K then V scales.
 template <class KV, int D_TILE>
 struct Stage {
   static constexpr int kBlockBytes = Config<KV, D_TILE>::kBlockElems * int(sizeof(KV));
-  static constexpr int kScaleBytes = kIsFp8<KV> ? 2 * kBlockKeys * 4 : 0;
+  static constexpr int kScaleBytes = kIsFp8<KV> ? 2 * kBlockKeys<KV> * 4 : 0;
   static constexpr int kBytes = 2 * kBlockBytes + kScaleBytes;
 };
 
-// One warp copies one block (kBlockKeys keys of K and V) into a ring stage. Lane l copies the
+// A per-(token, kv head) fp8 scale array at one (batch row or page, kv head), or null.
+struct ScaleSource {
+  const float* base;
+  long long page_stride, tok_stride;  // elements
+
+  ScaleSource() = default;
+  __device__ __forceinline__ ScaleSource(const float* scales, long long page, int kvh, long long stride_page,
+                                         long long stride_head, long long stride_tok)
+      : base(scales == nullptr ? nullptr : scales + page * stride_page + kvh * stride_head),
+        page_stride(stride_page), tok_stride(stride_tok) {}
+
+  // The scale of token `slot` of page `page` (0 for a contiguous cache, whose base holds the
+  // batch row) into dst, or zero when read is false; nothing for a null array.
+  __device__ __forceinline__ void load(long long page, long long slot, bool read, float* dst) const {
+    if (base != nullptr) {
+      const float* src = base + page * page_stride + slot * tok_stride;
+      cp_async_4_or_zero(dst, read ? src : base, read);
+    }
+  }
+};
+
+// One warp copies one block (kBlockKeys<KV> keys of K and V) into a ring stage. Lane l copies the
 // 16-byte column chunk l % chunks_per_row of kRowsPerLane consecutive rows, so the lane's rows
 // lie in one page whenever pages hold at least kRowsPerLane keys: one block_table lookup per
 // block, and a steady state with no per-row predicate. Keys at or past key_end, and keys whose
 // page id lies outside the pool (reported), become zeros. Columns at or past Dqk / Dv are never
 // written here (zero_padding cleared them once). Per-(token, head) fp8 scales: lane l copies
-// key l % 16's K (l < 16) or V scale, zero at or past key_end or on a bad page.
+// key l's K and V scales, zero at or past key_end or on a bad page.
 template <class KV, int D_TILE>
 struct BlockLoader {
   using C = Config<KV, D_TILE>;
@@ -409,8 +435,7 @@ struct BlockLoader {
   const char* k;     // this lane's column in kv head kvh (and batch row b, when contiguous)
   const char* v;
   const int* table;  // row b of the block table, or null for a contiguous cache
-  const float* scale;  // fp8: this lane's scale array (K or V) at (batch row b, kv head kvh), or null
-  long long scale_tok, scale_page;  // its strides in elements
+  ScaleSource k_scale, v_scale;  // fp8 per-token scales (else unused)
   long long k_tok, v_tok, k_page, v_page;  // strides in bytes
   int row0;          // first of this lane's rows in a block
   int dst0;          // byte offset of row row0, chunk x, in a stage
@@ -430,17 +455,8 @@ struct BlockLoader {
     k_tok = p.k_stride_tok * int(sizeof(KV)), v_tok = p.v_stride_tok * int(sizeof(KV));
     k_page = p.k_stride_page * int(sizeof(KV)), v_page = p.v_stride_page * int(sizeof(KV));
     k_read = col < p.dqk, v_read = col < p.dv;
-    scale = nullptr, scale_tok = scale_page = 0;
-    if constexpr (kIsFp8<KV>) {
-      const bool is_v = lane >= kBlockKeys;
-      scale = is_v ? p.v_scales : p.k_scales;
-      if (scale != nullptr) {
-        scale += page * (is_v ? p.v_scale_stride_page : p.k_scale_stride_page) +
-                 kvh * (is_v ? p.v_scale_stride_head : p.k_scale_stride_head);
-        scale_tok = is_v ? p.v_scale_stride_tok : p.k_scale_stride_tok;
-        scale_page = is_v ? p.v_scale_stride_page : p.k_scale_stride_page;
-      }
-    }
+    k_scale = ScaleSource(p.k_scales, page, kvh, p.k_scale_stride_page, p.k_scale_stride_head, p.k_scale_stride_tok);
+    v_scale = ScaleSource(p.v_scales, page, kvh, p.v_scale_stride_page, p.v_scale_stride_head, p.v_scale_stride_tok);
   }
 
   // Byte offset of this lane's chunk of row row0 + i in a stage (row0 is a multiple of kRows,
@@ -465,28 +481,28 @@ struct BlockLoader {
     return true;
   }
 
-  // Scale of key `key` (this lane's kind) into dst; zero past key_end or on a bad page.
-  __device__ __forceinline__ void load_scale(const DecodeParams& p, int key, int key_end, float* dst) const {
-    long long off = key * scale_tok;
+  // The K and V scales of key `key` into dst[0] and dst[kBlockKeys<KV>] (a per-tensor one is
+  // not copied); zero past key_end or on a bad page.
+  __device__ __forceinline__ void load_scales(const DecodeParams& p, int key, int key_end, float* dst) const {
     bool read = key < key_end;
+    long long slot = key, page = 0;
     if (read && table != nullptr) {
       const int id = table[key >> p.page_size_log2];  // a bad id is reported by the K/V rows
       read = id >= 0 && id < p.num_pages;
-      off = id * scale_page + (key & ((1 << p.page_size_log2) - 1)) * scale_tok;
+      page = id, slot = key & ((1 << p.page_size_log2) - 1);
     }
-    cp_async_4_or_zero(dst, read ? scale + off : scale, read);
+    k_scale.load(page, slot, read, dst);
+    v_scale.load(page, slot, read, dst + kBlockKeys<KV>);
   }
 
-  // The block of keys key0 .. key0 + kBlockKeys (key0 a multiple of kBlockKeys) into stage.
+  // The block of keys key0 .. key0 + kBlockKeys<KV> (key0 a multiple of it) into stage.
   __device__ __forceinline__ void load(const DecodeParams& p, int b, int key0, int key_end,
                                        unsigned char* stage) const {
     char* k_stage = reinterpret_cast<char*>(stage);
     char* v_stage = k_stage + kBlockBytes;
     if constexpr (kIsFp8<KV>) {
-      if (scale != nullptr) {
-        const int lane = threadIdx.x % 32;
-        load_scale(p, key0 + lane % kBlockKeys, key_end, reinterpret_cast<float*>(stage + 2 * kBlockBytes) + lane);
-      }
+      static_assert(kBlockKeys<KV> == 32, "a lane copies one key's scales");
+      load_scales(p, key0 + threadIdx.x % 32, key_end, reinterpret_cast<float*>(stage + 2 * kBlockBytes) + threadIdx.x % 32);
     }
     const int first = key0 + row0;
     const int live = key_end - first;  // rows of this lane inside the live length
@@ -546,10 +562,11 @@ template <class KV, int D_TILE>
 __device__ __forceinline__ void zero_padding(const DecodeParams& p, unsigned char* rings, int stages_total) {
   using C = Config<KV, D_TILE>;
   using S = Stage<KV, D_TILE>;
-  const int chunks = stages_total * 2 * kBlockKeys * C::kChunksPerRow;
+  constexpr int kKeys = kBlockKeys<KV>;
+  const int chunks = stages_total * 2 * kKeys * C::kChunksPerRow;
   for (int i = threadIdx.x; i < chunks; i += kThreads) {
-    const int chunk = i % C::kChunksPerRow, row = i / C::kChunksPerRow % kBlockKeys;
-    const int tile = i / (C::kChunksPerRow * kBlockKeys);  // even: K, odd: V
+    const int chunk = i % C::kChunksPerRow, row = i / C::kChunksPerRow % kKeys;
+    const int tile = i / (C::kChunksPerRow * kKeys);  // even: K, odd: V
     if (chunk * C::kChunk >= (tile % 2 ? p.dv : p.dqk)) {
       KV* block = reinterpret_cast<KV*>(rings + tile / 2 * S::kBytes + tile % 2 * S::kBlockBytes);
       *reinterpret_cast<uint4*>(block + tile_offset<KV, D_TILE>(row, chunk * C::kChunk)) = make_uint4(0, 0, 0, 0);
@@ -581,9 +598,8 @@ struct ColumnKeys {
 
 __device__ __forceinline__ float exp2_minus(float x, float col_max) { return exp2_ftz(x - exp_subtrahend(col_max)); }
 
-// A column's largest value over the block: this lane's two keys, then the 8 lanes of the column.
-__device__ __forceinline__ float column_max(float a, float b) {
-  float x = fmaxf(a, b);
+// A column's largest value over the block from this lane's largest, x: over the 8 lanes of the column.
+__device__ __forceinline__ float column_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
@@ -601,39 +617,48 @@ __device__ __forceinline__ void rescale_o(WarpState<D_TILE>& st, const float (&f
   }
 }
 
-// The online softmax over one block's scores s (raw q.k): scale (column c of the lane by
-// col_scale[c]) and cap to base-2 logits, mask, update the running max and sum. s becomes P;
-// corrections[c] is what the old P's of column c were multiplied by.
-template <int D_TILE>
-__device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[4], int key0, const ColumnKeys& keys,
-                                              const Lane& ln, WarpState<D_TILE>& st, const float (&col_scale)[2],
-                                              float (&corrections)[2]) {
+// The online softmax over one block's scores s (raw q.k of KT m-tiles of keys): scale (column c
+// of the lane by col_scale[c]) and cap to base-2 logits, mask, update the running max and
+// sum. s becomes P; corrections[c] is what the old P's of column c were multiplied by.
+template <int KT, int D_TILE>
+__device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[KT][4], int key0,
+                                              const ColumnKeys& keys, const Lane& ln, WarpState<D_TILE>& st,
+                                              const float (&col_scale)[2], float (&corrections)[2]) {
   // Scale and cap to base-2 logits (a warp-uniform branch keeps tanh off the common path).
   if (p.softcap > 0.f) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[i] = apply_softcap(s[i] * col_scale[i % 2], p.softcap) * kLog2e;
+    for (int i = 0; i < 4 * KT; ++i)
+      s[i / 4][i % 4] = apply_softcap(s[i / 4][i % 4] * col_scale[i % 2], p.softcap) * kLog2e;
   } else {
     const float scale_log2[2] = {col_scale[0] * kLog2e, col_scale[1] * kLog2e};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[i] *= scale_log2[i % 2];
+    for (int i = 0; i < 4 * KT; ++i) s[i / 4][i % 4] *= scale_log2[i % 2];
   }
 
   // Mask only blocks that cross some column's window edge or live end (warp-uniform test).
-  if (key0 < keys.full_lo || key0 + kBlockKeys > keys.full_hi) {
+  if (key0 < keys.full_lo || key0 + KT * kTileKeys > keys.full_hi) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int c = i % 2, key = key0 + ln.g + 8 * (i / 2);
-      if (!(key >= keys.lo[c] && key < keys.hi[c])) s[i] = neg_inf();
+    for (int i = 0; i < 4 * KT; ++i) {
+      const int c = i % 2, key = key0 + kTileKeys * (i / 4) + ln.g + 8 * (i % 4 / 2);
+      if (!(key >= keys.lo[c] && key < keys.hi[c])) s[i / 4][i % 4] = neg_inf();
     }
   }
 
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    const float m_new = fmaxf(st.m[c], column_max(s[c], s[c + 2]));
+    float top = neg_inf();
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) top = fmaxf(top, fmaxf(s[kt][c], s[kt][c + 2]));
+    const float m_new = fmaxf(st.m[c], column_max(top));
     const float correction = exp2_minus(st.m[c], m_new);
-    s[c] = exp2_minus(s[c], m_new);
-    s[c + 2] = exp2_minus(s[c + 2], m_new);
-    st.l[c] = st.l[c] * correction + (s[c] + s[c + 2]);
+    float sum = 0.f;
+#pragma unroll
+    for (int kt = 0; kt < KT; ++kt) {
+      s[kt][c] = exp2_minus(s[kt][c], m_new);
+      s[kt][c + 2] = exp2_minus(s[kt][c + 2], m_new);
+      sum += s[kt][c] + s[kt][c + 2];
+    }
+    st.l[c] = st.l[c] * correction + sum;
     st.m[c] = m_new;
     corrections[c] = correction;
   }
@@ -645,61 +670,75 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const FragB<
                                              WarpState<D_TILE>& st) {
   // S^T = K Q^T over d in steps of 16, in two accumulator chains (even / odd steps) to halve
   // the dependent mma latency, added at the end.
-  float s[4] = {}, s_odd[4] = {};
+  float s[1][4] = {}, s_odd[4] = {};
 #pragma unroll
-  for (int ks = 0; ks < D_TILE / 16; ++ks) mma<T>(ks % 2 ? s_odd : s, load_a_keys<T, D_TILE>(k_block, ks, ln), q[ks]);
+  for (int ks = 0; ks < D_TILE / 16; ++ks)
+    mma<T>(ks % 2 ? s_odd : s[0], load_a_keys<T, D_TILE>(k_block, ks, ln), q[ks]);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) s[i] += s_odd[i];
+  for (int i = 0; i < 4; ++i) s[0][i] += s_odd[i];
 
   const float col_scale[2] = {p.scale, p.scale};
   float corrections[2];
-  softmax_block<D_TILE>(p, s, key0, keys, ln, st, col_scale, corrections);
+  softmax_block<1, D_TILE>(p, s, key0, keys, ln, st, col_scale, corrections);
   rescale_o(st, corrections);
 
-  const FragB<T> pb = probs_as_b<T>(s);
+  const FragB<T> pb = probs_as_b<T>(s[0]);
 #pragma unroll
   for (int j = 0; j < D_TILE / 16; ++j) mma<T>(st.o[j], load_a_values<T, D_TILE>(v_block, j, ln), pb);
 }
 
-// s[i] (key g + 8 (i / 2)) times the block's scale of that key.
+// s[i] (key g + 8 (i / 2) of an m-tile) times the scale of that key in `scales` (the tile's).
 __device__ __forceinline__ void scale_by_key(float (&s)[4], const float* scales, const Lane& ln) {
   const float lo = scales[ln.g], hi = scales[ln.g + 8];
   s[0] *= lo, s[1] *= lo, s[2] *= hi, s[3] *= hi;
 }
 
-// attend_block for an fp8 stage (K bytes, V bytes, scales) against the f16 queries that
-// q_tile_for_fp8 made; col_scale: the softmax scale over each lane column's query factor.
+// attend_block for an fp8 stage (K bytes, V bytes, scales; two m-tiles of keys) against the
+// f16 queries that q_tile_for_fp8 made; col_scale: the softmax scale over each lane column's
+// query factor.
 template <class KV, int D_TILE>
 __device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const FragB<__half> (&q)[D_TILE / 16],
                                                  const unsigned char* stage, int key0, const ColumnKeys& keys,
                                                  const Lane& ln, WarpState<D_TILE>& st,
                                                  const float (&col_scale)[2]) {
   using S = Stage<KV, D_TILE>;
-  const float* scales = reinterpret_cast<const float*>(stage + 2 * S::kBlockBytes);
-  float s[4] = {}, s_odd[4] = {};
+  constexpr int kTiles = kBlockKeys<KV> / kTileKeys;
+  constexpr int kTileBytes = kTileKeys * D_TILE;  // one m-tile of K or V bytes
+  const float* scales = reinterpret_cast<const float*>(stage + 2 * S::kBlockBytes);  // K's, then V's
+  float s[kTiles][4] = {}, s_odd[kTiles][4] = {};
 #pragma unroll
   for (int c = 0; c < D_TILE / 16; c += 2) {
-    FragA<__half> a[2];
-    load_a_keys_fp8<KV, D_TILE>(stage, c, ln, a);
-    mma<__half>(s, a[0], q[c]);
-    mma<__half>(s_odd, a[1], q[c + 1]);
+#pragma unroll
+    for (int kt = 0; kt < kTiles; ++kt) {
+      FragA<__half> a[2];
+      load_a_keys_fp8<KV, D_TILE>(stage + kt * kTileBytes, c, ln, a);
+      mma<__half>(s[kt], a[0], q[c]);
+      mma<__half>(s_odd[kt], a[1], q[c + 1]);
+    }
   }
 #pragma unroll
-  for (int i = 0; i < 4; ++i) s[i] += s_odd[i];
-  if (p.k_scales != nullptr) scale_by_key(s, scales, ln);
+  for (int kt = 0; kt < kTiles; ++kt) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[kt][i] += s_odd[kt][i];
+    if (p.k_scales != nullptr) scale_by_key(s[kt], scales + kt * kTileKeys, ln);
+  }
 
   float corrections[2];
-  softmax_block<D_TILE>(p, s, key0, keys, ln, st, col_scale, corrections);
+  softmax_block<kTiles, D_TILE>(p, s, key0, keys, ln, st, col_scale, corrections);
   if (p.v_scales == nullptr) {
     rescale_o(st, corrections);
   } else {
     // P times the keys' V scales (after the sum: l counts P itself), over the running column
     // maximum r of those products: O is kept in units of r, and the f16 operand in [0, 1].
-    scale_by_key(s, scales + kBlockKeys, ln);
     float factor[2], inv[2];
 #pragma unroll
+    for (int kt = 0; kt < kTiles; ++kt) scale_by_key(s[kt], scales + kBlockKeys<KV> + kt * kTileKeys, ln);
+#pragma unroll
     for (int c = 0; c < 2; ++c) {
-      const float top = column_max(s[c], s[c + 2]);
+      float top = 0.f;
+#pragma unroll
+      for (int kt = 0; kt < kTiles; ++kt) top = fmaxf(top, fmaxf(s[kt][c], s[kt][c + 2]));
+      top = column_max(top);
       const float r_old = st.r[c] * corrections[c];  // o's unit after this block's new max
       const float r_new = fmaxf(r_old, top);
       inv[c] = r_new > 0.f ? 1.f / r_new : 0.f;
@@ -708,16 +747,21 @@ __device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const Fr
     }
     rescale_o(st, factor);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[i] *= inv[i % 2];
+    for (int kt = 0; kt < kTiles; ++kt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[kt][i] *= inv[i % 2];
   }
 
-  const FragB<__half> pb = probs_as_b<__half>(s);
 #pragma unroll
-  for (int c = 0; c < D_TILE / 16; c += 2) {
-    FragA<__half> a[2];
-    load_a_values_fp8<KV, D_TILE>(stage + S::kBlockBytes, c, ln, a);
-    mma<__half>(st.o[c], a[0], pb);
-    mma<__half>(st.o[c + 1], a[1], pb);
+  for (int kt = 0; kt < kTiles; ++kt) {
+    const FragB<__half> pb = probs_as_b<__half>(s[kt]);
+#pragma unroll
+    for (int c = 0; c < D_TILE / 16; c += 2) {
+      FragA<__half> a[2];
+      load_a_values_fp8<KV, D_TILE>(stage + S::kBlockBytes + kt * kTileBytes, c, ln, a);
+      mma<__half>(st.o[c], a[0], pb);
+      mma<__half>(st.o[c + 1], a[1], pb);
+    }
   }
 }
 
@@ -825,16 +869,17 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   const int key_end = min(split_begin + p.keys_per_split, len);
   // Blocks stay aligned to the split start; skip whole blocks left of every row's window.
   const long long first_key = max(first_visible_key(window, 0), (long long)split_begin);
-  const int begin = split_begin + int((first_key - split_begin) / kBlockKeys) * kBlockKeys;
+  constexpr int kKeys = kBlockKeys<KV>;
+  const int begin = split_begin + int((first_key - split_begin) / kKeys) * kKeys;
   if (key_end <= begin) {  // no live key: the neutral partial, at once
     for (int rr = warp; rr < cta_rows && row0 + rr < group_rows; rr += kWarps)
       store_row<T>(p, b, kvh, row0 + rr, split, neg_inf(), ln.lane, [](int) { return make_float4(0.f, 0.f, 0.f, 0.f); });
     return;
   }
 
-  // This group's blocks: begin + (wk + n * groups) * kBlockKeys for n < num_blocks. Group 0
-  // has the most; with CTA-wide barriers every warp iterates that many times.
-  const int group_begin = begin + wk * kBlockKeys, group_step = groups * kBlockKeys;
+  // This group's blocks: begin + (wk + n * groups) * kKeys for n < num_blocks. Group 0 has
+  // the most; with CTA-wide barriers every warp iterates that many times.
+  const int group_begin = begin + wk * kKeys, group_step = groups * kKeys;
   const int num_blocks = group_begin < key_end ? (key_end - group_begin + group_step - 1) / group_step : 0;
   const int iterations = warps_m == 1 ? num_blocks : (key_end - begin + group_step - 1) / group_step;
 

@@ -25,13 +25,13 @@ from types import MappingProxyType
 from .module import manifest
 
 __all__ = ["TcTile", "SdpaVariant", "Sm90Tile", "DecodeTile", "sdpa_tiles", "sm90_tiles", "decode_d_tiles",
-           "merge_dtypes", "softmax_dtypes", "DECODE_THREADS", "DECODE_WARPS", "DECODE_KEYS_PER_BLOCK",
+           "merge_dtypes", "softmax_dtypes", "DECODE_THREADS", "DECODE_WARPS", "DECODE_TILE_KEYS",
            "DECODE_WARP_ROWS", "DECODE_MERGE_ROW_PAD"]
 
 # Constants of cu/decode.cu that its shared-memory size depends on.
 DECODE_THREADS = 128        # kThreads
 DECODE_WARPS = DECODE_THREADS // 32
-DECODE_KEYS_PER_BLOCK = 16  # kBlockKeys: keys a warp group takes per step
+DECODE_TILE_KEYS = 16       # kTileKeys: keys of one mma m-tile (kBlockKeys: one, or two for fp8 caches)
 DECODE_WARP_ROWS = 8        # kWarpRows: query rows a warp holds
 DECODE_MERGE_ROW_PAD = 4    # kPartStride - D_TILE: floats of padding per row of the end-of-CTA merge
 _ITEMSIZE = {"f16": 2, "bf16": 2, "f32": 4, "e4m3": 1, "e5m2": 1}
@@ -140,18 +140,22 @@ class DecodeTile:
         return 3 if self.kv else 2
 
     @property
+    def block_keys(self) -> int:
+        """Keys a warp group takes per step (kBlockKeys<KV>): one m-tile, two for fp8."""
+        return 2 * DECODE_TILE_KEYS if self.kv else DECODE_TILE_KEYS
+
+    @property
     def max_stages(self) -> int:
-        """Ring depth the kernel can wait on (cp_async_wait_pending): fp8 stages are half as
-        deep in bytes, so their rings may be twice as long."""
+        """Ring depth the kernel can wait on (cp_async_wait_pending, up to 8)."""
         return 8 if self.kv else 4
 
     def shared_bytes(self, warps_m: int, stages: int) -> int:
-        """The query tile, each warp group's K/V ring (an fp8 stage also holds its 16 K and 16
-        V scales), or (reusing it) the end-of-CTA merge."""
+        """The query tile, each warp group's K/V ring (an fp8 stage also holds its keys' K and V
+        scales), or (reusing it) the end-of-CTA merge."""
         groups = DECODE_WARPS // warps_m
-        stage = 2 * DECODE_KEYS_PER_BLOCK * self.d * _ITEMSIZE[self.kv or self.dtype]
+        stage = 2 * self.block_keys * self.d * _ITEMSIZE[self.kv or self.dtype]
         if self.kv:
-            stage += 2 * DECODE_KEYS_PER_BLOCK * 4
+            stage += 2 * self.block_keys * 4
         rows = DECODE_WARP_ROWS * warps_m
         queries = rows * self.d * _ITEMSIZE[self.dtype]
         if self.kv:

@@ -70,9 +70,10 @@ def test_fp8_decode_tiles_and_their_shared_bytes():
     assert decode_d_tiles("f32", "e4m3") == ()
     tile = decode_d_tiles("bf16", "e4m3")[0]
     assert (tile.kernel, tile.max_stages) == ("decode_split_bf16_e4m3_d128", 8)
-    # bf16 queries (8 rows) and their magnitudes, then 4 rings of 6 stages: 16 K + 16 V rows of
-    # 128 bytes and 32 scales.
-    assert tile.shared_bytes(warps_m=1, stages=6) == 8 * 128 * 2 + 8 * 4 + 4 * 6 * (32 * 128 + 32 * 4)
+    # bf16 queries (8 rows) and their magnitudes, then 4 rings of 3 stages: 32 K + 32 V rows of
+    # 128 bytes and 64 scales.
+    assert tile.block_keys == 32
+    assert tile.shared_bytes(warps_m=1, stages=3) == 8 * 128 * 2 + 8 * 4 + 4 * 3 * (64 * 128 + 64 * 4)
 
 
 def test_views_are_read_only():

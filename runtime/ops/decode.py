@@ -20,7 +20,7 @@ from ..context import default_device
 from ..faults import fault_buffer
 from ..memory import WorkspaceLayout
 from ..module import ParamStruct
-from ..variants import DECODE_KEYS_PER_BLOCK, DECODE_THREADS, DECODE_WARP_ROWS, DECODE_WARPS, DecodeTile, decode_d_tiles
+from ..variants import DECODE_THREADS, DECODE_WARP_ROWS, DECODE_WARPS, DecodeTile, decode_d_tiles
 from ..dtypes import bfloat16
 from .checks import (ATTENTION_DTYPES, MAX_GRID_YZ, check_attention_dtype, check_flag, check_host_values,
                      check_index_array, check_output, check_rank, check_row_bytes, check_same_dtype, check_sinks,
@@ -34,8 +34,6 @@ from .prepared import Op
 __all__ = ["decode", "decode_workspace_bytes", "plan_decode", "DecodePlan"]
 
 THREADS = DECODE_THREADS
-SPLIT_ALIGN = DECODE_KEYS_PER_BLOCK * DECODE_WARPS  # keys_per_split is a multiple: full splits give every
-#                                                   # group as many blocks
 MAX_SQ = 16
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
 SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): an SM holds opt-in max + this
@@ -99,6 +97,11 @@ def d_tile_for(dtype, dqk: int, dv: int, cache_dtype=None) -> DecodeTile | None:
     return next((t for t in tiles if t.d >= max(dqk, dv)), None)
 
 
+def split_align(tile: DecodeTile) -> int:
+    """keys_per_split is a multiple of this: full splits give every warp group as many blocks."""
+    return tile.block_keys * DECODE_WARPS
+
+
 def ring_depth(tile: DecodeTile, warps_m: int, max_shared: int) -> int:
     """The deepest ring that still lets tile.ctas_per_sm CTAs share an SM (two for 16-bit
     caches: eight warps streaming; three for fp8 ones); failing that fewer CTAs, down to the
@@ -137,7 +140,8 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
         ctas_per_sm = (max_shared + SHARED_RESERVED_PER_CTA) // (smem + SHARED_RESERVED_PER_CTA)
     ctas_per_split = batch * hkv * row_blocks
     splits = max(1, min(waves * ctas_per_sm * sm_count // ctas_per_split, _ceil_div(capacity, MIN_KEYS_PER_SPLIT)))
-    keys_per_split = _ceil_div(_ceil_div(capacity, splits), SPLIT_ALIGN) * SPLIT_ALIGN
+    align = split_align(tile)
+    keys_per_split = _ceil_div(_ceil_div(capacity, splits), align) * align
     splits = _ceil_div(capacity, keys_per_split)
     partials = batch * hq * sq * splits
     # One split writes the final o and lse itself: no partials to hold.
