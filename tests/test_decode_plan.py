@@ -95,3 +95,18 @@ def test_workspace_bytes_helper_matches_the_plan():
     table = np.zeros((64, 512), np.int32)
     assert ptxattn.paged_decode_workspace_bytes(q, pool, pool, table, device=device) == \
         plan(dtype=np.float16).workspace_bytes
+
+
+FP8 = ptxattn.dtypes.float8_e4m3fn
+
+
+@pytest.mark.parametrize("batch, capacity, stages, splits", [
+    (64, 8192, 3, 1),    # 512 CTAs: 1.29 waves at three an SM, 1.94 at two: the deeper ring
+    (128, 2048, 2, 1),   # 1024 CTAs: 2.59 waves at three an SM, full enough
+    (1, 32768, 2, 32),   # splits for two CTAs an SM (8 kv heads x 32 on 132 SMs), ring for three
+    (8, 8192, 2, 4)])
+def test_fp8_rings_and_splits(batch, capacity, stages, splits):
+    p = plan(batch=batch, capacity=capacity, cache_dtype=FP8)
+    assert (p.stages, p.num_splits) == (stages, splits)
+    assert p.keys_per_split % (32 * 4) == 0  # fp8 blocks are 32 keys
+    assert plan(batch=batch, capacity=capacity, cache_dtype=FP8, stages=2).stages == 2  # the override wins

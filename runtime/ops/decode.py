@@ -11,6 +11,7 @@ by themselves) the split kernel writes o and lse directly: no combine, no worksp
 from __future__ import annotations
 
 import ctypes
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,12 @@ __all__ = ["decode", "decode_workspace_bytes", "plan_decode", "DecodePlan"]
 THREADS = DECODE_THREADS
 MAX_SQ = 16
 MIN_KEYS_PER_SPLIT = 256  # below this a split's fixed costs outweigh its keys
+# Splits are sized for two CTAs an SM even where three fit (fp8): fewer, longer splits spend
+# less on start-up and on the combine. A one-split grid whose waves are less full than
+# MIN_WAVE_FILL takes a deeper ring at one CTA fewer an SM if that fills them better (fp8 B64
+# T8192: 512 CTAs are 1.29 waves of three an SM, 1.94 of two). cu/decode_tuning.md v10.
+SPLIT_CTAS_PER_SM = 2
+MIN_WAVE_FILL = 0.75
 SHARED_RESERVED_PER_CTA = 1024  # the driver's per-block reservation (sm_80+): an SM holds opt-in max + this
 # Why one wave of splits, rings deep enough for two CTAs an SM, a direct write with one split,
 # and the largest shared-memory carveout: each was measured against its alternatives on the
@@ -102,18 +109,23 @@ def split_align(tile: DecodeTile) -> int:
     return tile.block_keys * DECODE_WARPS
 
 
-def ring_depth(tile: DecodeTile, warps_m: int, max_shared: int) -> int:
-    """The deepest ring that still lets tile.ctas_per_sm CTAs share an SM (two for 16-bit
-    caches: eight warps streaming; three for fp8 ones); failing that fewer CTAs, down to the
-    deepest ring one CTA can hold; 2 when none fits (plan_decode reports it)."""
+def ring_depth(tile: DecodeTile, warps_m: int, max_shared: int, ctas_per_sm: int) -> int:
+    """The deepest ring that still lets `ctas_per_sm` CTAs share an SM; failing that fewer
+    CTAs, down to the deepest ring one CTA can hold; 2 when none fits (plan_decode reports it)."""
     per_sm = max_shared + SHARED_RESERVED_PER_CTA
     need = {s: tile.shared_bytes(warps_m, s) for s in range(tile.max_stages, 1, -1)}
     fits = [s for s, n in need.items() if n <= max_shared]
-    for ctas in range(tile.ctas_per_sm, 1, -1):
+    for ctas in range(ctas_per_sm, 1, -1):
         shared = [s for s in fits if ctas * (need[s] + SHARED_RESERVED_PER_CTA) <= per_sm]
         if shared:
             return shared[0]
     return (fits or [2])[0]
+
+
+def wave_fill(ctas: int, resident: int, sm_count: int) -> float:
+    """How full a grid of `ctas` keeps the SMs over its waves (1: every wave full)."""
+    waves = ctas / (resident * sm_count)
+    return waves / math.ceil(waves)
 
 
 def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, capacity: int, dtype,
@@ -122,24 +134,34 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
     """Grid, split geometry, shared memory and workspace of one decode launch (validated
     shapes; `dtype` is q's, `cache_dtype` the cache's when it differs: fp8). Depends on no live
     length. The grid is one wave: as many splits as let every (batch row, kv head, row block)
-    have its CTAs resident at once, each split at least MIN_KEYS_PER_SPLIT keys. `stages`
-    overrides the ring depth, `ctas_per_sm` the CTAs an SM is taken to hold and `waves` the
-    grid target (benchmarks)."""
+    have its CTAs resident at once, SPLIT_CTAS_PER_SM an SM, each split at least
+    MIN_KEYS_PER_SPLIT keys. The ring is as deep as tile.ctas_per_sm CTAs an SM allow, or, for
+    a grid of one split whose last wave would leave most SMs idle, as deep as one CTA fewer
+    allow when that fills the waves better. `stages` overrides the ring depth, `ctas_per_sm`
+    the CTAs an SM is taken to hold and `waves` the grid target (benchmarks)."""
     dtype = np.dtype(dtype)
     tile = d_tile_for(dtype, dqk, dv, cache_dtype)
     rows = hq // hkv * sq  # query rows sharing one kv head
     warps_m = 1 if rows <= DECODE_WARP_ROWS else 2 if rows <= 2 * DECODE_WARP_ROWS else 4
     row_blocks = _ceil_div(rows, DECODE_WARP_ROWS * warps_m)
-    if stages is None:
-        stages = ring_depth(tile, warps_m, max_shared)
+    ctas_per_split = batch * hkv * row_blocks
+
+    def resident(ring: int) -> int:
+        return (max_shared + SHARED_RESERVED_PER_CTA) // (tile.shared_bytes(warps_m, ring) + SHARED_RESERVED_PER_CTA)
+
+    ring = stages or ring_depth(tile, warps_m, max_shared, tile.ctas_per_sm)
+    split_ctas = ctas_per_sm or min(resident(ring), SPLIT_CTAS_PER_SM)
+    splits = max(1, min(waves * split_ctas * sm_count // ctas_per_split, _ceil_div(capacity, MIN_KEYS_PER_SPLIT)))
+    if stages is None and splits == 1 and tile.ctas_per_sm > 1:
+        deeper = ring_depth(tile, warps_m, max_shared, tile.ctas_per_sm - 1)
+        fill, deeper_fill = (wave_fill(ctas_per_split, resident(r), sm_count) for r in (ring, deeper))
+        if fill < MIN_WAVE_FILL and deeper_fill > fill:
+            ring = deeper
+    stages = ring
     smem = tile.shared_bytes(warps_m, stages)
     if smem > max_shared:
         raise ValueError(f"decode: head dim {max(dqk, dv)} in {dtype} needs {smem} bytes of shared memory per "
                          f"block, the device allows {max_shared}")
-    if ctas_per_sm is None:
-        ctas_per_sm = (max_shared + SHARED_RESERVED_PER_CTA) // (smem + SHARED_RESERVED_PER_CTA)
-    ctas_per_split = batch * hkv * row_blocks
-    splits = max(1, min(waves * ctas_per_sm * sm_count // ctas_per_split, _ceil_div(capacity, MIN_KEYS_PER_SPLIT)))
     align = split_align(tile)
     keys_per_split = _ceil_div(_ceil_div(capacity, splits), align) * align
     splits = _ceil_div(capacity, keys_per_split)
