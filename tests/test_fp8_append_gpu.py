@@ -289,3 +289,45 @@ def test_paged_append_then_paged_decode(rng, fp8, layout, per_token):
     check_decode(o.get(), lse.get(), lambda k, v: reference.paged_decode(q, k, v, table, lens, layout=layout),
                  (reference.dequantize_fp8(want[0], want[2]), reference.dequantize_fp8(want[1], want[3])),
                  unquantized, fp8, "paged_decode")
+
+
+def test_quantizing_decode_step_captured_once_replayed_per_token(rng):
+    """The README's decode loop over an e4m3 cache with per-token scales: a prepared
+    quantizing append and a prepared decode, captured once, replayed per token; the cache and
+    scales stay the reference's bit for bit, the output its attention over them."""
+    fp8, batch, hq, hkv, capacity, d = FP8[0], 2, 8, 2, 64, 128
+    stream = ptxattn.Stream.create()
+    host = {"k_cache": nan_fp8((batch, hkv, capacity, d), fp8), "v_cache": nan_fp8((batch, hkv, capacity, d), fp8),
+            "k_scale": np.full((batch, hkv, capacity), np.nan, np.float32), "seq_lens": np.zeros(batch, np.int32)}
+    dev = {name: ptxattn.asarray(x, stream) for name, x in host.items()}
+    q = ptxattn.empty((batch, hq, 1, d), BF16)
+    k_new, v_new = ptxattn.empty((batch, hkv, 1, d), BF16), ptxattn.empty((batch, hkv, 1, d), BF16)
+    append = ptxattn.prepare(ptxattn.kv_append, k_new, v_new, dev["k_cache"], dev["v_cache"], dev["seq_lens"],
+                             k_scale=dev["k_scale"], v_scale=0.05, stream=stream)
+    attend = ptxattn.prepare(ptxattn.decode, q, dev["k_cache"], dev["v_cache"], dev["seq_lens"],
+                             k_scale=dev["k_scale"], v_scale=0.05, stream=stream)
+    want = (host["k_cache"], host["v_cache"], host["seq_lens"], host["k_scale"], 0.05)
+
+    def next_token():
+        data = [rand(rng, a.shape, BF16) for a in (q, k_new, v_new)]
+        for arr, x in zip((q, k_new, v_new), data):
+            arr.set(x, stream)
+        return data[0], reference.kv_append_fp8(data[1], data[2], *want[:3], k_scale=want[3], v_scale=want[4])
+
+    q_host, want = next_token()
+    append.run()
+    attend.run()
+    with ptxattn.capture(stream) as graph:
+        append.run()
+        attend.run()
+    for _ in range(5):
+        q_host, want = next_token()
+        graph.replay()
+    ptxattn.check_faults(ptxattn.get_device(0), stream)
+    got = (dev["k_cache"].get(stream), dev["v_cache"].get(stream), dev["seq_lens"].get(stream),
+           dev["k_scale"].get(stream), 0.05)
+    assert_same_append(got, want)
+    assert got[2].tolist() == [6, 6]
+    o = attend.arrays["out"].get(stream)
+    check_attention(o, None, reference.decode(q_host, reference.dequantize_fp8(want[0], want[3]),
+                                              reference.dequantize_fp8(want[1], want[4]), got[2])[0], None, BF16)
