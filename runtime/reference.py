@@ -6,6 +6,7 @@ kernel is checked against the math, not against another implementation.
 """
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 # ==== sdpa: scaled dot-product attention ======================================
@@ -166,38 +167,117 @@ def paged_decode(q, k_pool, v_pool, block_table, seq_lens, *, layout="HND", **op
     return decode(q, k_cache, v_cache, seq_lens, **options)
 
 
+def _append_contiguous(new, cache, seq_lens) -> np.ndarray:
+    """cache [B, H, capacity, ...] with new [B, H, n, ...] written at each row's length
+    (rows that would pass the capacity left alone)."""
+    cache, new = np.array(cache), np.asarray(new)
+    n = new.shape[2]
+    for b, start in enumerate(np.asarray(seq_lens)):
+        if 0 <= start <= cache.shape[2] - n:
+            cache[b, :, start:start + n] = new[b]
+    return cache
+
+
+def _append_paged(new, pool, slot_mapping, layout: str) -> np.ndarray:
+    """pool [pages, H, page_size, ...] ("HND") or [pages, page_size, H, ...] ("NHD") with
+    token r of new [T, H, ...] written to slot_mapping[r] (negative or past the pool: skipped)."""
+    pool, new = np.array(pool), np.asarray(new)
+    page_size = pool.shape[2 if layout == "HND" else 1]
+    for r, slot in enumerate(np.asarray(slot_mapping)):
+        page, offset = divmod(int(slot), page_size)
+        if slot < 0 or page >= pool.shape[0]:
+            continue
+        if layout == "HND":
+            pool[page, :, offset] = new[r]
+        else:
+            pool[page, offset] = new[r]
+    return pool
+
+
 def kv_append(k_new, v_new, k_cache, v_cache, seq_lens):
     """New caches and lengths after writing k_new/v_new [B, Hkv, n, D] at each row's length.
     A row that would pass the capacity is left unwritten (and keeps its length)."""
-    k_cache, v_cache = np.array(k_cache), np.array(v_cache)
     lens = np.array(seq_lens)
     n = np.asarray(k_new).shape[2]
-    for b, start in enumerate(np.asarray(seq_lens)):
-        if 0 <= start <= k_cache.shape[2] - n:
-            k_cache[b, :, start:start + n] = np.asarray(k_new)[b]
-            v_cache[b, :, start:start + n] = np.asarray(v_new)[b]
-            lens[b] = start + n
-    return k_cache, v_cache, lens
+    capacity = np.asarray(k_cache).shape[2]
+    lens[(lens >= 0) & (lens <= capacity - n)] += n
+    return _append_contiguous(k_new, k_cache, seq_lens), _append_contiguous(v_new, v_cache, seq_lens), lens
 
 
 def paged_kv_append(k_new, v_new, k_pool, v_pool, slot_mapping, *, layout="HND"):
     """New pools after writing token r of k_new/v_new [T, Hkv, D] to slot_mapping[r]
     (page * page_size + offset; negative = skip, a page outside the pool = skip)."""
     k_layout, v_layout = (layout, layout) if isinstance(layout, str) else layout
-    pools = []
-    for new, pool, lay in ((k_new, k_pool, k_layout), (v_new, v_pool, v_layout)):
-        pool = np.array(pool)
-        page_size = pool.shape[2 if lay == "HND" else 1]
-        for r, slot in enumerate(np.asarray(slot_mapping)):
-            page, offset = divmod(int(slot), page_size)
-            if slot < 0 or page >= pool.shape[0]:
-                continue
-            if lay == "HND":
-                pool[page, :, offset] = np.asarray(new)[r]
-            else:
-                pool[page, offset] = np.asarray(new)[r]
-        pools.append(pool)
-    return tuple(pools)
+    return _append_paged(k_new, k_pool, slot_mapping, k_layout), _append_paged(v_new, v_pool, slot_mapping, v_layout)
+
+
+# fp8 caches (float8_e4m3fn, float8_e5m2): a cached x stands for x * scale, the scale per
+# tensor (a float) or per (token, kv head) (float32, the cache's shape less its last axis).
+def quantize_fp8(x, scale, fp8):
+    """x / scale as the quantizing append writes it: the quotient in float32 (x widened
+    exactly, scale taken as float32), saturated to the fp8 type's finite range (infinities
+    included; NaN stays NaN) and rounded to nearest even. `scale` broadcasts against x."""
+    fmax = np.float32(ml_dtypes.finfo(fp8).max)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN, inf and past-the-range inputs are meant
+        quotient = np.asarray(x, np.float32) / np.asarray(scale, np.float32)
+    return np.clip(quotient, -fmax, fmax).astype(fp8)
+
+
+def fp8_token_scales(x, fp8) -> np.ndarray:
+    """The per-token scales the quantizing append gives rows x [..., D]: the largest finite
+    |x| over D over the fp8 type's largest finite value, in float32; 1 for a row without a
+    finite nonzero value (all zeros, say: it reads back as zeros with any scale)."""
+    x = np.asarray(x, np.float32)
+    amax = np.where(np.isfinite(x), np.abs(x), np.float32(0)).max(axis=-1)
+    return np.where(amax > 0, amax / np.float32(ml_dtypes.finfo(fp8).max), np.float32(1)).astype(np.float32)
+
+
+def fp8_append_rows(new, fp8, scale, new_scale=None):
+    """(rows in the fp8 type, their per-token scales or None) that an append into an `fp8`
+    cache with `scale` (a float, or an array: per-token) writes for new rows [..., D]: fp8
+    rows as they are (with new_scale, their own per-token scales, given exactly when `scale`
+    is an array); 16-bit rows quantized (quantize_fp8) by `scale` or by fp8_token_scales."""
+    new, per_token = np.asarray(new), not np.isscalar(scale)
+    if new.dtype == np.dtype(fp8):
+        return new, (np.asarray(new_scale, np.float32) if per_token else None)
+    if not per_token:
+        return quantize_fp8(new, scale, fp8), None
+    scales = fp8_token_scales(new, fp8)
+    return quantize_fp8(new, scales[..., None], fp8), scales
+
+
+def kv_append_fp8(k_new, v_new, k_cache, v_cache, seq_lens, *, k_scale, v_scale, k_new_scale=None,
+                  v_new_scale=None):
+    """kv_append into fp8 caches [B, Hkv, capacity, D] whose scales are k_scale / v_scale
+    (a float, or float32 [B, Hkv, capacity]): (k_cache, v_cache, lens, k_scale, v_scale), a
+    per-token scale array updated at the slots written (fp8_append_rows says with what)."""
+    k_rows, k_row_scales = fp8_append_rows(k_new, np.asarray(k_cache).dtype, k_scale, k_new_scale)
+    v_rows, v_row_scales = fp8_append_rows(v_new, np.asarray(v_cache).dtype, v_scale, v_new_scale)
+    k, v, lens = kv_append(k_rows, v_rows, k_cache, v_cache, seq_lens)
+    scales = [scale if rows is None else _append_contiguous(rows, scale, seq_lens)
+              for rows, scale in ((k_row_scales, k_scale), (v_row_scales, v_scale))]
+    return k, v, lens, *scales
+
+
+def paged_kv_append_fp8(k_new, v_new, k_pool, v_pool, slot_mapping, *, layout="HND", k_scale, v_scale,
+                        k_new_scale=None, v_new_scale=None):
+    """paged_kv_append into fp8 pools whose scales are k_scale / v_scale (a float, or float32
+    shaped like the pool less its last axis): (k_pool, v_pool, k_scale, v_scale), as
+    kv_append_fp8."""
+    k_layout, v_layout = (layout, layout) if isinstance(layout, str) else layout
+    k_rows, k_row_scales = fp8_append_rows(k_new, np.asarray(k_pool).dtype, k_scale, k_new_scale)
+    v_rows, v_row_scales = fp8_append_rows(v_new, np.asarray(v_pool).dtype, v_scale, v_new_scale)
+    k, v = paged_kv_append(k_rows, v_rows, k_pool, v_pool, slot_mapping, layout=layout)
+    scales = [scale if rows is None else _append_paged(rows, scale, slot_mapping, lay)
+              for rows, scale, lay in ((k_row_scales, k_scale, k_layout), (v_row_scales, v_scale, v_layout))]
+    return k, v, *scales
+
+
+def dequantize_fp8(cache, scale) -> np.ndarray:
+    """The float64 values an fp8 cache stands for: x * scale (a float, or per token: the
+    cache's shape less its last axis)."""
+    scale = np.asarray(scale, np.float64)
+    return np.asarray(cache).astype(np.float64) * (scale[..., None] if scale.ndim else scale)
 
 
 def merge_states(o_states, lse_states, sinks=None):

@@ -25,8 +25,8 @@ from types import MappingProxyType
 from .module import manifest
 
 __all__ = ["TcTile", "SdpaVariant", "Sm90Tile", "DecodeTile", "sdpa_tiles", "sm90_tiles", "decode_d_tiles",
-           "merge_dtypes", "softmax_dtypes", "DECODE_THREADS", "DECODE_WARPS", "DECODE_TILE_KEYS",
-           "DECODE_WARP_ROWS", "DECODE_MERGE_ROW_PAD"]
+           "merge_dtypes", "softmax_dtypes", "kv_quant_dtypes", "DECODE_THREADS", "DECODE_WARPS",
+           "DECODE_TILE_KEYS", "DECODE_WARP_ROWS", "DECODE_MERGE_ROW_PAD"]
 
 # Constants of cu/decode.cu that its shared-memory size depends on.
 DECODE_THREADS = 128        # kThreads
@@ -194,6 +194,13 @@ def decode_d_tiles(dtype: str, kv: str | None = None) -> tuple[DecodeTile, ...]:
 def merge_dtypes() -> frozenset[tuple[str, str]]:
     """(input, output) dtypes of each merge_<in>_<out> kernel."""
     return frozenset((v["in"], v["out"]) for v in _variants("merge"))
+
+
+@functools.cache
+def kv_quant_dtypes() -> frozenset[tuple[str, str]]:
+    """(new rows' dtype, fp8 cache type) of each kv_append_quant_<src>_<kv> kernel: the pairs
+    kv_append and paged_kv_append quantize on append."""
+    return frozenset((v["src"], v["kv"]) for v in _variants("kv_cache"))
 
 
 @functools.cache

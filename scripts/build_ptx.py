@@ -146,6 +146,12 @@ def _merge(info):
         yield f"PTXATTN_MERGE_VARIANT({name}, {C_TYPES[v['in']]}, {C_TYPES[v['out']]})", [name]
 
 
+def _kv_cache(info):
+    for v in info["variants"]:
+        name = f"kv_append_quant_{v['src']}_{v['kv']}"
+        yield f"PTXATTN_KV_QUANT_VARIANT({name}, {C_TYPES[v['src']]}, {v['kv']})", [name]
+
+
 def _softmax(info):
     for v in info["variants"]:
         dtype = v["dtype"]
@@ -154,7 +160,7 @@ def _softmax(info):
 
 
 VARIANT_LINES = {"flash_fwd": _flash_fwd, "flash_fwd_sm90": _flash_fwd_sm90, "decode": _decode,
-                 "merge": _merge, "softmax": _softmax}
+                 "merge": _merge, "softmax": _softmax, "kv_cache": _kv_cache}
 
 
 def expand(family: str, info: dict) -> tuple[dict[str, str], list[str]]:

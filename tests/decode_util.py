@@ -29,6 +29,11 @@ def to_layout(cache_hnd: np.ndarray, layout: str) -> np.ndarray:
     return np.ascontiguousarray(cache_hnd if layout == "HND" else cache_hnd.transpose(0, 2, 1, 3))
 
 
+def from_layout(cache: np.ndarray, layout: str) -> np.ndarray:
+    """The HND view of a cache or pool in `layout` (to_layout's inverse)."""
+    return cache if layout == "HND" else cache.transpose(0, 2, 1, 3)
+
+
 def paginate(rng, cache_hnd: np.ndarray, page_size: int, spare_pages: int = 3):
     """A shuffled HND pool holding the cache (unused pages NaN) and its block table."""
     batch, hkv, capacity, dim = cache_hnd.shape
@@ -108,3 +113,26 @@ def scale_to_layout(scale, layout: str):
     if isinstance(scale, float):
         return scale
     return np.ascontiguousarray(scale if layout == "HND" else scale.transpose(0, 2, 1))
+
+
+def device_scale(scale, layout: str):
+    """An fp8 scale for a device call over a cache in `layout`: a float as it is, a per-token
+    array [pages, Hkv, tokens] in the layout, on the device."""
+    scale = scale_to_layout(scale, layout)
+    return scale if isinstance(scale, float) else ptxattn.asarray(scale)
+
+
+def nan_fp8(shape, fp8) -> np.ndarray:
+    """An fp8 array of NaN bytes (a poisoned cache)."""
+    return np.full(shape, FP8_NAN, np.uint8).view(fp8)
+
+
+def assert_same_fp8(got, want) -> None:
+    """fp8 arrays byte for byte, except that NaN matches NaN (a conversion's NaN byte may
+    carry either sign)."""
+    got_nan, want_nan = np.isnan(got.astype(np.float32)), np.isnan(want.astype(np.float32))
+    assert np.array_equal(got_nan, want_nan), f"NaN at {np.argwhere(got_nan != want_nan)[:4].tolist()} differs"
+    differ = (got.view(np.uint8) != want.view(np.uint8)) & ~got_nan
+    assert not differ.any(), (f"{int(differ.sum())} of {got.size} bytes differ, the first at "
+                              f"{np.argwhere(differ)[0].tolist()}: {got[differ][:4].view(np.uint8)} for "
+                              f"{want[differ][:4].view(np.uint8)}")

@@ -58,6 +58,19 @@ def _paged_append_arrays():
             "v_pool": e((9, 2, 16, 64), BF16), "slot_mapping": e((5,), np.int64)}
 
 
+def _fp8_append_arrays(quantize: bool):
+    """kv_append into e4m3 caches with per-token scales: bf16 rows quantized, or e4m3 rows
+    copied with their own scales."""
+    e, e4m3 = ptxattn.empty, ptxattn.dtypes.float8_e4m3fn
+    new = BF16 if quantize else e4m3
+    arrays = {"k_new": e((2, 2, 3, 64), new), "v_new": e((2, 2, 3, 64), new), "k_cache": e((2, 2, 50, 64), e4m3),
+              "v_cache": e((2, 2, 50, 64), e4m3), "seq_lens": e((2,), np.int32), "k_scale": e((2, 2, 50), np.float32),
+              "v_scale": e((2, 2, 50), np.float32)}
+    if not quantize:
+        arrays.update(k_new_scale=e((2, 2, 3), np.float32), v_new_scale=e((2, 2, 3), np.float32))
+    return arrays
+
+
 def _merge_arrays():
     e = ptxattn.empty
     return {"o": e((3, 2, 4, 5, 64), BF16), "lse": e((3, 2, 4, 5), np.float32), "sinks": e((4,), np.float32),
@@ -91,6 +104,8 @@ CALLS = [
     (ptxattn.paged_attention, _paged_attention_arrays, {"return_lse": True, "decode_queries": 4}),
     (ptxattn.kv_append, _append_arrays, {}),
     (ptxattn.paged_kv_append, _paged_append_arrays, {}),
+    (ptxattn.kv_append, lambda: _fp8_append_arrays(quantize=True), {}),
+    (ptxattn.kv_append, lambda: _fp8_append_arrays(quantize=False), {}),
     (ptxattn.merge_states_n, _merge_arrays, {}),
     (ptxattn.softmax, lambda: {"x": ptxattn.empty((7, 300), np.float32), "out": ptxattn.empty((7, 300), np.float32)},
      {}),
@@ -247,6 +262,11 @@ def numpy_calls_round_trip() -> None:
         assert "kv_append: seq_lens[1] = 8 is outside [0, 7]" in str(exc), exc
     else:
         raise AssertionError("a NumPy length past the capacity was accepted")
+    # fp8: a per-tensor K scale (a number, no array to copy back) beside a per-token V one.
+    fp8_cache = np.zeros((2, 2, 8, 16), ptxattn.dtypes.float8_e4m3fn)
+    v_scale = np.ones((2, 2, 8), np.float32)
+    ptxattn.kv_append(np.ones((2, 2, 1, 16), BF16), np.ones((2, 2, 1, 16), BF16), fp8_cache, fp8_cache.copy(),
+                      seq_lens, k_scale=0.5, v_scale=v_scale)
 
 
 def serving_outputs_made_are_filled() -> None:

@@ -1,6 +1,7 @@
-"""PTXATTN_ARCH on the GPU: the kernels sdpa and decode (bf16, and an fp8 cache: software
-conversion below sm_89, hardware from sm_89) launch are the ones the driver JIT-compiled from
-the chosen arch's PTX, and their results match the float64 reference. The first test checks
+"""PTXATTN_ARCH on the GPU: the kernels sdpa, decode and the quantizing kv_append (bf16, and
+fp8 caches: software conversion below sm_89, hardware from sm_89) launch are the ones the
+driver JIT-compiled from the chosen arch's PTX, and their results match the float64
+reference. The first test checks
 whatever arch this process loads; the others run it in a fresh process per shipped non-Hopper
 arch (the choice holds for a process), so the default GPU suite covers sm_80, sm_86 and sm_89.
 `PTXATTN_ARCH=sm_80 python -m pytest -m gpu tests/...` runs any GPU test file that way."""
@@ -20,7 +21,7 @@ from ptxattn.context import on_device
 from ptxattn.driver import call, cu
 from ptxattn.module import get_kernel, loaded_arch
 
-from decode_util import FP8, check_attention, fp8_cache, nan_tail_cache, rand
+from decode_util import FP8, assert_same_fp8, check_attention, fp8_cache, nan_fp8, nan_tail_cache, rand
 
 pytestmark = pytest.mark.gpu
 
@@ -33,9 +34,10 @@ def _version(function, attribute) -> int:
     return call(cu.cuFuncGetAttribute, attribute, function)
 
 
-def _run_sdpa_and_decode(rng) -> None:
-    """An sdpa call the wgmma kernel takes on sm_90 (bf16, d128, aligned, no mask), and decode
-    over a bf16 and an e4m3 cache, each checked against the reference."""
+def _run_kernels(rng) -> None:
+    """An sdpa call the wgmma kernel takes on sm_90 (bf16, d128, aligned, no mask), decode
+    over a bf16 and an e4m3 cache, and bf16 rows quantized on append into e4m3 and e5m2
+    caches, each checked against the reference."""
     q, k, v = (rand(rng, (1, 2, 300, 128), BF16) for _ in range(3))
     check_attention(*ptxattn.sdpa(q, k, v, return_lse=True), *reference.sdpa(q, k, v), BF16)
     lens = [1, 517, 700]
@@ -47,6 +49,16 @@ def _run_sdpa_and_decode(rng) -> None:
                                                   for _ in range(2))
     check_attention(*ptxattn.decode(q, k8, v8, np.asarray(lens, np.int32), k_scale=k_scale, v_scale=v_scale,
                                     return_lse=True), *reference.decode(q, k_ref, v_ref, lens), BF16)
+    # Quantize on append (e4m3 with per-token scales, e5m2 per tensor, values saturating): the
+    # reference's bytes, whichever conversion the arch has.
+    x = (rng.standard_normal((2, 2, 3, 128)) * np.exp(rng.uniform(-4, 4, (2, 2, 3, 1)))).astype(BF16)
+    for fp8, scale in ((FP8[0], np.full((2, 2, 16), np.nan, np.float32)), (FP8[1], 1e-3)):
+        k8, v8, lens = nan_fp8((2, 2, 16, 128), fp8), nan_fp8((2, 2, 16, 128), fp8), np.array([0, 9], np.int32)
+        want = reference.kv_append_fp8(x, x, k8, v8, lens, k_scale=scale, v_scale=scale)
+        ptxattn.kv_append(x, x, k8, v8, lens, k_scale=scale, v_scale=scale if isinstance(scale, float) else scale.copy())
+        assert_same_fp8(k8, want[0])
+        assert_same_fp8(v8, want[1])
+        assert isinstance(scale, float) or np.array_equal(scale, want[3], equal_nan=True)
 
 
 def test_kernels_are_jit_compiled_from_the_chosen_arch(rng, monkeypatch):
@@ -59,13 +71,14 @@ def test_kernels_are_jit_compiled_from_the_chosen_arch(rng, monkeypatch):
         return launch(function, *args)
 
     monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
-    _run_sdpa_and_decode(rng)
+    _run_kernels(rng)
 
     wgmma = loaded_arch(device, "flash_fwd_sm90") is not None
     if ptxattn.ptx_arch(device) != device.arch:
         assert not wgmma, "the sm_90a wgmma kernels must not load under an older PTXATTN_ARCH"
     sdpa_kernel = ("flash_fwd_sm90_bf16_d128", "flash_fwd_sm90") if wgmma else ("flash_fwd_bf16_d128", "flash_fwd")
-    expected = dict([sdpa_kernel, ("decode_split_bf16_d128", "decode"), ("decode_split_bf16_e4m3_d128", "decode")])
+    expected = dict([sdpa_kernel, ("decode_split_bf16_d128", "decode"), ("decode_split_bf16_e4m3_d128", "decode"),
+                     ("kv_append_quant_bf16_e4m3", "kv_cache"), ("kv_append_quant_bf16_e5m2", "kv_cache")])
     handles = {int(function) for function in launched}
     major, minor = device.compute_capability
     with on_device(device):

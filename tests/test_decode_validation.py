@@ -370,3 +370,101 @@ def test_paged_decode_fp8_scale_shape_follows_the_pool_layout():
                                         r"\(k_pool's shape less its last axis, layout NHD\), got float32 \(6, 2, 16\)"):
         ptxattn.paged_decode(q, pool, pool, table, lens, layout="NHD", k_scale=np.ones((6, HKV, 16), np.float32),
                              v_scale=1.0)
+
+
+# ---- fp8 appends ----------------------------------------------------------------------------------
+F8_NEW = host((B, HKV, 1, D), E4M3)
+NEW_SCALES = np.ones((B, HKV, 1), np.float32)
+
+
+def fp8_append_args(**over):
+    args = append_args(k_cache=FP8_CACHE, v_cache=FP8_CACHE, k_scale=1.0, v_scale=TOKEN_SCALES)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over, error, message", [
+    ({"k_scale": None}, TypeError,
+     r"kv_append: k_scale is required with a float8_e4m3fn k_cache: a positive number .* got None"),
+    ({"k_scale": 0.0}, ValueError, r"kv_append: k_scale must be finite and > 0, got 0.0"),
+    ({"v_scale": TOKEN_SCALES[:, :, :5]}, TypeError,
+     r"kv_append: v_scale must be float32 of shape \(2, 2, 128\) \(v_cache's shape less its last axis, layout HND\), "
+     r"got float32 \(2, 2, 5\)"),
+    ({"v_scale": TOKEN_SCALES.astype(np.float64)}, TypeError, r"kv_append: v_scale must be float32 of shape"),
+    ({"k_new": host((B, HKV, 1, D), np.float32), "v_new": host((B, HKV, 1, D), np.float32)}, TypeError,
+     r"kv_append: k_new must be float16 or bfloat16 \(quantized on append\) or k_cache's float8_e4m3fn, got float32"),
+    ({"k_new": host((B, HKV, 1, D), E5M2), "v_new": host((B, HKV, 1, D), E5M2)}, TypeError,
+     r"kv_append: k_new must be float16 or bfloat16 \(quantized on append\) or k_cache's float8_e4m3fn, "
+     r"got float8_e5m2"),
+    ({"v_new": host((B, HKV, 1, D), BF16)}, TypeError, r"kv_append: v_new must have k_new's dtype float16, got bfloat16"),
+    ({"v_cache": FP8_CACHE.astype(E5M2)}, TypeError,
+     r"kv_append: v_cache must have k_cache's dtype float8_e4m3fn, got float8_e5m2"),
+    ({"k_new": host((B, HKV, 1, 8)), "v_new": host((B, HKV, 1, 8)), "k_cache": host((B, HKV, CAP, 8), E4M3),
+      "v_cache": host((B, HKV, CAP, 8), E4M3)}, ValueError,
+     r"kv_append: k_cache's last axis must be a positive multiple of 16 for float8_e4m3fn \(16-byte rows\), got 8"),
+    ({"v_new_scale": NEW_SCALES}, TypeError,
+     r"kv_append: v_new_scale goes only with float8 v_new appended to a cache with per-token scales; here v_new is "
+     r"float16, quantized with scales computed on append, so pass None \(got ndarray\)"),
+    ({"k_new": F8_NEW, "v_new": F8_NEW}, TypeError,
+     r"kv_append: v_new_scale is required with float8 v_new and per-token cache scales: the new rows' scales, "
+     r"float32 of shape \(2, 2, 1\), got None"),
+    ({"k_new": F8_NEW, "v_new": F8_NEW, "v_new_scale": NEW_SCALES[:, :1]}, TypeError,
+     r"kv_append: v_new_scale must be float32 of shape \(2, 2, 1\) \(v_new's shape less its last axis\), "
+     r"got float32 \(2, 1, 1\)"),
+    ({"k_new": F8_NEW, "v_new": F8_NEW, "v_new_scale": NEW_SCALES.astype(np.float16)}, TypeError,
+     r"kv_append: v_new_scale must be float32 of shape \(2, 2, 1\)"),
+    ({"k_new": F8_NEW, "v_new": F8_NEW, "k_new_scale": NEW_SCALES, "v_new_scale": NEW_SCALES}, TypeError,
+     r"kv_append: k_new_scale goes only with .*; here k_scale is per tensor \(the new bytes are in its units\)"),
+], ids=["k_scale_missing", "zero_scale", "scale_shape", "scale_dtype", "f32_into_fp8", "other_fp8", "mixed_new",
+        "mixed_caches", "row_bytes", "new_scale_when_quantizing", "new_scale_missing", "new_scale_shape",
+        "new_scale_dtype", "new_scale_with_tensor_scale"])
+def test_kv_append_fp8_arguments(over, error, message):
+    with pytest.raises(error, match=message):
+        ptxattn.kv_append(**fp8_append_args(**over))
+
+
+@pytest.mark.parametrize("over, error, message", [
+    ({"k_scale": 1.0}, TypeError, r"kv_append: k_scale applies to float8 caches only, and k_cache is float16; "
+                                  r"got k_scale=1.0"),
+    ({"v_scale": TOKEN_SCALES}, TypeError, r"kv_append: v_scale applies to float8 caches only"),
+    ({"k_new_scale": NEW_SCALES}, TypeError, r"kv_append: k_new_scale goes only with .*; here k_cache is float16"),
+    ({"k_new": host((B, HKV, 1, D), E4M3), "v_new": host((B, HKV, 1, D), E4M3)}, TypeError,
+     r"kv_append: k_new must have k_cache's dtype float16, got float8_e4m3fn"),
+], ids=["k_scale", "v_scale", "new_scale", "fp8_rows"])
+def test_kv_append_fp8_arguments_refused_by_16_bit_caches(over, error, message):
+    with pytest.raises(error, match=message):
+        ptxattn.kv_append(**append_args(**over))
+
+
+def test_kv_append_fp8_scales_follow_the_cache_layout():
+    cache = host((B, CAP, HKV, D), E4M3)  # NHD
+    with pytest.raises(TypeError, match=r"kv_append: k_scale must be float32 of shape \(2, 128, 2\) \(k_cache's shape "
+                                        r"less its last axis, layout NHD\), got float32 \(2, 2, 128\)"):
+        ptxattn.kv_append(**append_args(k_cache=cache, v_cache=cache), layout="NHD", k_scale=TOKEN_SCALES,
+                          v_scale=1.0)
+
+
+def test_kv_append_fp8_written_scales_must_be_writable():
+    scales = TOKEN_SCALES.copy()
+    scales.flags.writeable = False
+    with pytest.raises(ValueError, match="kv_append: k_scale is updated in place but the NumPy array is read-only"):
+        ptxattn.kv_append(**fp8_append_args(k_scale=scales))
+
+
+@pytest.mark.parametrize("over, error, message", [
+    ({}, TypeError, r"paged_kv_append: k_scale is required with a float8_e4m3fn k_pool"),
+    ({"k_scale": np.ones((PAGES, HKV, PAGE), np.float32), "v_scale": 1.0, "k_new": host((5, HKV, D), E4M3),
+      "v_new": host((5, HKV, D), E4M3), "k_new_scale": np.ones((5, HKV, 1), np.float32)}, TypeError,
+     r"paged_kv_append: k_new_scale must be float32 of shape \(5, 2\) \(k_new's shape less its last axis\), "
+     r"got float32 \(5, 2, 1\)"),
+    ({"k_scale": np.ones((PAGES, PAGE, HKV), np.float32), "v_scale": 1.0}, TypeError,
+     r"paged_kv_append: k_scale must be float32 of shape \(16, 2, 16\) \(k_pool's shape less its last axis, "
+     r"layout HND\)"),
+    ({"k_scale": 1.0, "v_scale": 1.0, "k_new": host((5, HKV, D), np.float32), "v_new": host((5, HKV, D), np.float32)},
+     TypeError, r"paged_kv_append: k_new must be float16 or bfloat16 \(quantized on append\) or k_pool's "
+                r"float8_e4m3fn, got float32"),
+], ids=["k_scale_missing", "new_scale_shape", "scale_shape", "f32_into_fp8"])
+def test_paged_kv_append_fp8_arguments(over, error, message):
+    pool = host((PAGES, HKV, PAGE, D), E4M3)
+    with pytest.raises(error, match=message):
+        ptxattn.paged_kv_append(**paged_append_args(k_pool=pool, v_pool=pool, **over))

@@ -15,8 +15,8 @@ from ptxattn.context import on_device
 from ptxattn.module import loaded_arch
 from ptxattn.ops.decode import plan_decode
 
-from decode_util import (FP8, FP8_IDS, FP8_NAN, GuardedAttention, check_attention, fp8_cache, paginate, rand,
-                         scale_to_layout, to_layout)
+from decode_util import (FP8, FP8_IDS, FP8_NAN, GuardedAttention, check_attention, device_scale, fp8_cache,
+                         paginate, rand, to_layout)
 from gpu_util import REL_TOL, relative_error
 
 pytestmark = pytest.mark.gpu
@@ -30,11 +30,6 @@ def split_size(batch, hq, hkv, d, capacity, q_dtype, fp8) -> int:
     return plan_decode(batch=batch, hq=hq, hkv=hkv, sq=1, dqk=d, dv=d, capacity=capacity, dtype=q_dtype,
                        cache_dtype=fp8, sm_count=dev.sm_count,
                        max_shared=dev.max_shared_per_block_optin).keys_per_split
-
-
-def device_scale(scale, layout):
-    scale = scale_to_layout(scale, layout)
-    return scale if isinstance(scale, float) else ptxattn.asarray(scale)
 
 
 def run(rng, q, k, k_scale, v, v_scale, lens, layout="HND", **options):

@@ -9,13 +9,9 @@ import pytest
 import ptxattn
 from ptxattn import reference
 
-from decode_util import DTYPE_IDS, DTYPES, check_attention, nan_tail_cache, rand, to_layout
+from decode_util import DTYPE_IDS, DTYPES, check_attention, from_layout, nan_tail_cache, rand, to_layout
 
 pytestmark = pytest.mark.gpu
-
-
-def from_layout(cache: np.ndarray, layout: str) -> np.ndarray:
-    return cache if layout == "HND" else cache.transpose(0, 2, 1, 3)
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from ptxattn.module import manifest
-from ptxattn.variants import (DecodeTile, Sm90Tile, decode_d_tiles, merge_dtypes, sdpa_tiles, sm90_tiles,
-                              softmax_dtypes)
+from ptxattn.variants import (DecodeTile, Sm90Tile, decode_d_tiles, kv_quant_dtypes, merge_dtypes, sdpa_tiles,
+                              sm90_tiles, softmax_dtypes)
 
 DTYPES = ("f16", "bf16", "f32")
 
@@ -29,6 +29,8 @@ def test_views_name_every_kernel_of_the_manifest():
     assert {f"merge_{a}_{b}" for a, b in merge_dtypes()} == kernels("merge")
     assert {f"softmax_{kind}_{dt}" for kind in ("rows_warp", "rows_block", "cols")
             for dt in softmax_dtypes()} == kernels("softmax")
+    assert {f"kv_append_quant_{src}_{kv}" for src, kv in kv_quant_dtypes()} | {"kv_append", "kv_advance"} == \
+        kernels("kv_cache")
 
 
 def test_sdpa_tiles_smallest_first_and_their_sizes():

@@ -16,8 +16,7 @@ from .checks import (check_attention_dtype, check_host_values, check_index_array
                      check_same_dtype, parse_layout, require)
 from .decode import KvSource, bind_decode, validate_decode
 from .fp8 import is_fp8
-from .kv_cache import (CacheShape, KvAppendParams, bind_append, cache_shape, cache_strides, check_writable,
-                       new_tokens_strides)
+from .kv_cache import CacheShape, bind_append, cache_shape, check_append_dtypes, check_writable
 from .prepared import Op
 
 __all__ = ["paged_kv_append", "paged_decode", "paged_decode_workspace_bytes"]
@@ -49,7 +48,7 @@ def _pools(op: str, a: dict, layout) -> tuple[str, str, CacheShape, CacheShape]:
 
 
 # ---- paged_kv_append ----------------------------------------------------------------------------
-def _validate_append(a: dict, layout, on_host: bool = False):
+def _validate_append(a: dict, layout, k_scale, v_scale, on_host: bool = False):
     op = "paged_kv_append"
     k_layout, v_layout, k, v = _pools(op, a, layout)
     require(op, "k_new", a["k_new"])
@@ -60,42 +59,45 @@ def _validate_append(a: dict, layout, on_host: bool = False):
         if tuple(a[name].shape) != shape:
             raise ValueError(f"{op}: {name} must have shape {shape} (T tokens, the pool's Hkv and D), "
                              f"got {tuple(a[name].shape)}")
-        check_same_dtype(op, name, a[name], "k_pool", a["k_pool"])
-        check_row_bytes(op, name, a[name])
+    scales = check_append_dtypes(op, a, ("k_pool", "v_pool"), (k_layout, v_layout), k_scale, v_scale)
     require(op, "slot_mapping", a["slot_mapping"])
     check_index_array(op, "slot_mapping", a["slot_mapping"], (tokens,), dtypes=("int32", "int64"))
     if on_host:
-        check_writable(op, a, ("k_pool", "v_pool"))
+        check_writable(op, a, ("k_pool", "v_pool", "k_scale", "v_scale"))
         check_host_values(op, "slot_mapping", a["slot_mapping"], -1, k.pages * k.tokens - 1,
                           f"a slot of the pool of {k.pages} pages x {k.tokens}, or -1 to skip")
-    return k_layout, v_layout, k, v
+    return k_layout, v_layout, k, v, scales
 
 
-def _bind_append(binding, a: dict, checked, layout) -> None:
-    k_layout, v_layout, k, v = checked
-    tokens = a["k_new"].shape[0]
-    itemsize = a["k_pool"].itemsize
-    params = KvAppendParams(
-        0, 0, 0, 0, None, 0, None, *new_tokens_strides(a["k_new"]), *new_tokens_strides(a["v_new"]),
-        *cache_strides(a["k_pool"], k_layout), *cache_strides(a["v_pool"], v_layout),
-        tokens, k.heads, 1, k.dim, v.dim, itemsize, 0, k.pages, k.tokens.bit_length() - 1,
-        int(a["slot_mapping"].itemsize == 8),
-    )
-    bind_append(binding, a, ("k_new", "v_new", "k_pool", "v_pool", "slot_mapping"), params, tokens, 1, k.heads,
-                (k.dim + v.dim) * itemsize // 16, advance=False)
+def _bind_append(binding, a: dict, checked, layout, *scale_options) -> None:
+    k_layout, v_layout, k, v, scales = checked
+    bind_append(binding, a, ("k_new", "v_new", "k_pool", "v_pool", "slot_mapping"), (k_layout, v_layout), scales,
+                advance=False, rows=a["k_new"].shape[0], heads=k.heads, tokens=1, dk=k.dim, dv=v.dim,
+                num_pages=k.pages, page_size_log2=k.tokens.bit_length() - 1,
+                slot_is_int64=int(a["slot_mapping"].itemsize == 8))
 
 
-_PAGED_KV_APPEND = Op("paged_kv_append", ("k_new", "v_new", "k_pool", "v_pool", "slot_mapping"), ("layout",),
-                      in_place=("k_pool", "v_pool"), validate=_validate_append, bind=_bind_append)
+_PAGED_KV_APPEND = Op("paged_kv_append", ("k_new", "v_new", "k_pool", "v_pool", "slot_mapping", "k_scale", "v_scale",
+                                          "k_new_scale", "v_new_scale"), ("layout", "k_scale", "v_scale"),
+                      in_place=("k_pool", "v_pool", "k_scale", "v_scale"), validate=_validate_append,
+                      bind=_bind_append, number_or_array=("k_scale", "v_scale"))
 
 
-def paged_kv_append(k_new, v_new, k_pool, v_pool, slot_mapping, *, layout="HND", stream=None) -> None:
+def paged_kv_append(k_new, v_new, k_pool, v_pool, slot_mapping, *, layout="HND", k_scale=None, v_scale=None,
+                    k_new_scale=None, v_new_scale=None, stream=None) -> None:
     """Write token r of k_new [T, Hkv, Dk] / v_new [T, Hkv, Dv] to slot slot_mapping[r] =
     page * page_size + offset of the pools (int32 or int64 [T]; -1 skips the token). A slot
     past the pool is skipped and reported as a DeviceFault after synchronization (device
     calls at ptxattn.check_faults; NumPy calls check the slots on the host first and raise
-    ValueError). NumPy pools are updated in place."""
-    return _PAGED_KV_APPEND((k_new, v_new, k_pool, v_pool, slot_mapping), (layout,), stream)
+    ValueError). NumPy pools are updated in place.
+
+    fp8 pools: as kv_append(): k_scale / v_scale a positive number or a float32 array shaped
+    like the pool less its last axis ([pages, Hkv, page_size] for "HND"); float16 / bfloat16
+    tokens are quantized on append (per-token scales computed and stored at their slots),
+    fp8 tokens copied, with k_new_scale / v_new_scale float32 [T, Hkv] where the scales are
+    per token. reference.paged_kv_append_fp8 defines it."""
+    return _PAGED_KV_APPEND((k_new, v_new, k_pool, v_pool, slot_mapping, k_scale, v_scale, k_new_scale, v_new_scale),
+                            (layout, k_scale, v_scale), stream)
 
 
 # ---- paged_decode ------------------------------------------------------------------------------

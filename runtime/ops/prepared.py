@@ -373,7 +373,8 @@ class Op:
                 results.append(copy)
             for name in self.in_place:
                 i = self.index[name]
-                host[i][...] = uploads[i].get(stream)
+                if host[i] is not None:  # an optional array (an fp8 scale given as a number)
+                    host[i][...] = uploads[i].get(stream)
             check_faults(device, stream)
         if binding.returns_tuple:
             return tuple(results)
