@@ -205,6 +205,7 @@ class Binding:
 
 # ---- ops -----------------------------------------------------------------------------------
 _local = threading.local()
+_NUMBERS = (numbers.Number, np.number)
 
 
 def _cache() -> dict:
@@ -302,14 +303,18 @@ class Op:
         return binding
 
     def _route(self, args: tuple, options: tuple) -> tuple[tuple, tuple]:
-        """A number (bools too: validation refuses them) stays an option, anything else an array."""
-        args, options = list(args), list(options)
+        """A number (bools too: validation refuses them) stays an option, anything else an array.
+        None (in both places already) and a float are told apart first: the ABC check in
+        isinstance(.., numbers.Number) costs about half a microsecond an argument."""
         for i, j in self.routes:
-            if isinstance(args[i], (numbers.Number, np.number)):
-                args[i] = None
+            a = args[i]
+            if a is None:
+                continue
+            if type(a) is float or (type(a) is not DeviceArray and isinstance(a, _NUMBERS)):
+                args = (*args[:i], None, *args[i + 1:])
             else:
-                options[j] = None
-        return tuple(args), tuple(options)
+                options = (*options[:j], None, *options[j + 1:])
+        return args, options
 
     # ---- calls -------------------------------------------------------------------------------
     def __call__(self, args: tuple, options: tuple, stream):
