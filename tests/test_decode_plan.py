@@ -110,3 +110,10 @@ def test_fp8_rings_and_splits(batch, capacity, stages, splits):
     assert (p.stages, p.num_splits) == (stages, splits)
     assert p.keys_per_split % (32 * 4) == 0  # fp8 blocks are 32 keys
     assert plan(batch=batch, capacity=capacity, cache_dtype=FP8, stages=2).stages == 2  # the override wins
+
+
+def test_bf16_one_split_grids_keep_two_ctas_an_sm():
+    # 320 CTAs are 1.21 waves of two an SM; the deeper fp8 ring rule does not apply to bf16
+    # (one CTA an SM was never measured faster there).
+    p = plan(batch=40)
+    assert (p.num_splits, p.stages) == (1, 3)

@@ -152,7 +152,7 @@ def plan_decode(*, batch: int, hq: int, hkv: int, sq: int, dqk: int, dv: int, ca
     ring = stages or ring_depth(tile, warps_m, max_shared, tile.ctas_per_sm)
     split_ctas = ctas_per_sm or min(resident(ring), SPLIT_CTAS_PER_SM)
     splits = max(1, min(waves * split_ctas * sm_count // ctas_per_split, _ceil_div(capacity, MIN_KEYS_PER_SPLIT)))
-    if stages is None and splits == 1 and tile.ctas_per_sm > 1:
+    if stages is None and splits == 1 and tile.ctas_per_sm > SPLIT_CTAS_PER_SM:  # fp8 only: where it was measured
         deeper = ring_depth(tile, warps_m, max_shared, tile.ctas_per_sm - 1)
         fill, deeper_fill = (wave_fill(ctas_per_split, resident(r), sm_count) for r in (ring, deeper))
         if fill < MIN_WAVE_FILL and deeper_fill > fill:
