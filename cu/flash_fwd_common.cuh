@@ -1,9 +1,11 @@
 // What every sdpa forward kernel shares (flash_fwd.cu: mma.sync for sm_80+, and
 // flash_fwd_sm90.cu: wgmma for sm_90a): the parameter struct, which sequence and query rows
 // a block serves (a dense batch row, or a tile of a serving batch), the key range it visits,
-// paged key/value rows, and the finished row (normalisation, sinks, LSE).
+// paged key/value rows, fp8 K/V tiles, and the finished row (normalisation, sinks, LSE).
 #pragma once
 #include "attention_common.cuh"
+#include "fp8.cuh"
+#include "mma.cuh"
 
 namespace ptxattn {
 
@@ -23,6 +25,10 @@ struct FlashFwdParams {
   const int* seq_lens_k;    // [B] live keys of each sequence (paged), or null
   const int* block_table;   // [B, max_pages] page ids (paged; k / v batch strides step pages)
   int* fault;
+  // fp8 K / V (the _fp8 kernels): per-(token, kv head) scales addressed like k / v less their
+  // last axis, or null for the per-tensor k_scale / v_scale.
+  const float* k_scales;
+  const float* v_scales;
   long long q_batch_stride, q_head_stride, q_seq_stride;
   long long k_batch_stride, k_head_stride, k_seq_stride;
   long long v_batch_stride, v_head_stride, v_seq_stride;
@@ -30,6 +36,8 @@ struct FlashFwdParams {
   long long mask_batch_stride, mask_head_stride, mask_query_stride, mask_key_stride;
   long long lse_batch_stride, lse_head_stride, lse_seq_stride;
   long long block_table_stride;
+  long long k_scale_batch_stride, k_scale_head_stride, k_scale_seq_stride;
+  long long v_scale_batch_stride, v_scale_head_stride, v_scale_seq_stride;
   int heads_q, heads_kv, seq_q, seq_kv, dim_qk, dim_v;
   int mask_kind;  // MaskKind
   int diag_offset, window_left, window_right;
@@ -42,6 +50,8 @@ struct FlashFwdParams {
   int kv_capacity;      // paged: max_pages * page_size
   int num_pages, page_size_log2;
   int min_queries;      // sequences with fewer new queries get no tile (decode serves them)
+  int kv_fp8;           // Fp8Kind of k and v (read by the _fp8 kernels only)
+  float k_scale, v_scale;  // fp8 per-tensor scales, where k_scales / v_scales are null
 };
 
 // The rows one block serves: query rows [m0, m0 + BR) of sequence b, whose queries start at
@@ -160,17 +170,93 @@ __device__ __forceinline__ bool resolve_tile(const FlashFwdParams& p, SeqTile& s
   return fresh(found) != 0;
 }
 
+// The page of key `key` of sequence b in a paged pool, and the key's token in it; false for a
+// page id outside the pool (reported; the key's row then loads as zeros).
+__device__ __forceinline__ bool page_of(const FlashFwdParams& p, int b, int key, int& page, int& tok) {
+  page = p.block_table[b * p.block_table_stride + (key >> p.page_size_log2)];
+  tok = key & ((1 << p.page_size_log2) - 1);
+  if (page < 0 || page >= p.num_pages) {
+    raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, page);
+    return false;
+  }
+  return true;
+}
+
 // Key `key` of kv head hk of sequence b in a paged pool (k or v: base, page / token strides),
-// or null for a page id outside the pool (reported; its row then loads as zeros).
+// or null for a page id outside the pool.
 template <class T>
 __device__ __forceinline__ const T* paged_row(const FlashFwdParams& p, const T* pool, long long page_stride,
                                               long long tok_stride, int b, int key) {
-  const int page = p.block_table[b * p.block_table_stride + (key >> p.page_size_log2)];
-  if (page < 0 || page >= p.num_pages) {
-    raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, page);
-    return nullptr;
+  int page, tok;
+  return page_of(p, b, key, page, tok) ? pool + page * page_stride + tok * tok_stride : nullptr;
+}
+
+// ---- fp8 K / V (the _fp8 kernels) -------------------------------------------------------------
+// An fp8 tile is read with plain loads, each value converted to T times its scale (in fp32,
+// rounded once) and stored where the kernel's cp.async would have put a T tile, in its own
+// shared layout: the tensor-core code after it is the same for every K/V dtype.
+
+// K's or V's fp8 rows at kv head hk: element and scale strides (batch or page, token).
+struct Fp8Rows {
+  const unsigned char* data;
+  const float* scales;  // at hk, or null: `scale` for every key
+  long long page_stride, tok_stride, scale_page_stride, scale_tok_stride;
+  float scale;
+};
+template <bool V>
+__device__ __forceinline__ Fp8Rows fp8_rows(const FlashFwdParams& p, int hk) {
+  if constexpr (V) {
+    return {static_cast<const unsigned char*>(p.v) + hk * p.v_head_stride,
+            p.v_scales != nullptr ? p.v_scales + hk * p.v_scale_head_stride : nullptr,
+            p.v_batch_stride, p.v_seq_stride, p.v_scale_batch_stride, p.v_scale_seq_stride, p.v_scale};
+  } else {
+    return {static_cast<const unsigned char*>(p.k) + hk * p.k_head_stride,
+            p.k_scales != nullptr ? p.k_scales + hk * p.k_scale_head_stride : nullptr,
+            p.k_batch_stride, p.k_seq_stride, p.k_scale_batch_stride, p.k_scale_seq_stride, p.k_scale};
   }
-  return pool + page * page_stride + (key & ((1 << p.page_size_log2) - 1)) * tok_stride;
+}
+
+// Eight fp8 values (x's bytes, lowest first) times `scale`, rounded to T: one 16-byte chunk.
+template <class T>
+__device__ __forceinline__ uint4 fp8x8_scaled(uint2 x, int kind, float scale) {
+  unsigned out[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const unsigned h = fp8x2_to_f16x2((j < 2 ? x.x : x.y) >> (16 * (j & 1)), kind);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+    out[j] = pack2<T>(f.x * scale, f.y * scale);
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Keys [n0, n0 + ROWS) of sequence b, fp8 rows of D values (the host checked D and 8-byte
+// aligned rows), as a T tile: chunk c (values 8c .. 8c + 7) of row r to the shared address
+// dst(r, c). Packed layouts find key j at token k_tok0 + j, paged ones through the block
+// table. Rows from rows_valid on, and those of a page outside the pool, become zeros: neither
+// their bytes nor their scales are read.
+template <class T, int ROWS, int D, int NT, class Dst>
+__device__ __forceinline__ void load_fp8_tile(const FlashFwdParams& p, const Fp8Rows& g, int b, long long k_tok0,
+                                              int n0, int rows_valid, const Dst& dst) {
+  constexpr int kChunksPerRow = D / 8;
+  // Not unrolled: the kernels keep their registers for the key loop this runs inside.
+#pragma unroll 1
+  for (int i = threadIdx.x; i < ROWS * kChunksPerRow; i += NT) {
+    const int r = i / kChunksPerRow, c = i % kChunksPerRow;
+    uint4 out = make_uint4(0u, 0u, 0u, 0u);
+    long long page = b, tok = k_tok0 + n0 + r;
+    bool read = r < rows_valid;
+    if (read && p.block_table != nullptr) {
+      int id, in_page;
+      read = page_of(p, b, n0 + r, id, in_page);
+      page = id, tok = in_page;
+    }
+    if (read) {
+      const uint2 x = *reinterpret_cast<const uint2*>(g.data + page * g.page_stride + tok * g.tok_stride + c * 8);
+      const float s = g.scales != nullptr ? g.scales[page * g.scale_page_stride + tok * g.scale_tok_stride] : g.scale;
+      out = fp8x8_scaled<T>(x, p.kv_fp8, s);
+    }
+    st_shared_16(dst(r, c), out);
+  }
 }
 
 // A key offset within a tile, clamped to [-1, BC] (both ends mean "past the tile").

@@ -3,14 +3,15 @@
 // Serves the calls flash_fwd.cu's mma.sync kernels serve (plain kernels: no mask, no
 // softcap, scale > 0; general kernels: the rest; causal/window, sinks, GQA, LSE, serving
 // batches all apply) when Dqk = Dv = 64 or 128 and the host vouched for 16-byte alignment
-// (vector_io). Same parameters and semantics; its query blocks are 64 * GROUPS rows (grid
+// (vector_io); its _fp8 kernels serve fp8 K/V, as flash_fwd_fp8.cu's do. Same parameters and semantics; its query blocks are 64 * GROUPS rows (grid
 // x), and the summation order differs from mma.sync's.
 //
 // A CTA is GROUPS warpgroups over 64 * GROUPS query rows, 64 a warpgroup (wgmma's M).
 // Q, K and V tiles live in shared memory in wgmma's 128-byte-swizzle layout: a [rows][D]
 // b16 tile is D / 64 [rows][64] halves of 128-byte rows, the 16-byte chunk c of row r
 // stored at c ^ (r & 7), every half 1024-byte aligned. All threads stream the next
-// 128-key K/V tile with cp.async while the warpgroups compute on the current one:
+// 128-key K/V tile with cp.async (fp8: plain loads converted to the input dtype,
+// flash_fwd_common.cuh) while the warpgroups compute on the current one:
 //   S = Q K^T   wgmma m64n128k16, A (Q) and B (K) from shared memory, both K-major
 //   online softmax on S in registers (exp2, scale folded in), O rescaled
 //   O += P V    wgmma m64nDk16, A = P rounded to the input dtype in registers (the
@@ -140,6 +141,12 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[R], const unsigned (&a)[4], 
 }
 
 // ---- tile loads ------------------------------------------------------------------------
+// Byte offset of 16-byte chunk c of row r in a swizzled [ROWS][D] tile.
+template <int ROWS>
+__device__ __forceinline__ unsigned sw128_offset(int r, int c) {
+  return (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
 // A [ROWS][D] tile whose row r starts at g + r * row_stride into the swizzled layout at
 // shared address dst (halves ROWS * 128 bytes apart); rows >= rows_valid become zeros (so
 // padding cannot inject NaN). Thread t copies chunk t % (D / 8) of rows t / (D / 8) + k *
@@ -149,7 +156,7 @@ __device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long ro
   constexpr int kChunksPerRow = D / 8, kStep = THREADS / kChunksPerRow;
   constexpr int kIters = (ROWS + kStep - 1) / kStep;
   const int tid = threadIdx.x, r0 = tid / kChunksPerRow, c = tid % kChunksPerRow;
-  const unsigned d0 = dst + (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
+  const unsigned d0 = dst + sw128_offset<ROWS>(r0, c);
   const T* src = g + r0 * row_stride + c * 8;
   static_assert(kStep % 8 == 0, "a thread's rows keep one swizzle phase");
 #pragma unroll
@@ -184,7 +191,7 @@ __device__ __forceinline__ void load_paged_kv(unsigned k_dst, unsigned v_dst, co
   constexpr int kChunksPerRow = D / 8, kStep = THREADS / kChunksPerRow;
   constexpr int kIters = (ROWS + kStep - 1) / kStep;
   const int tid = threadIdx.x, r0 = tid / kChunksPerRow, c = tid % kChunksPerRow;
-  const unsigned d0 = (c >> 3) * (ROWS * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
+  const unsigned d0 = sw128_offset<ROWS>(r0, c);
   const int in_page = (1 << p.page_size_log2) - 1;
 #pragma unroll
   for (int i = 0; i < kIters; ++i) {
@@ -212,8 +219,9 @@ extern __shared__ __align__(1024) unsigned char smem[];
 // PAGED: K and V in a paged pool (a kernel of its own: the paged copies' registers made the
 // d128 kernel spill beside O and S, paged or not). GENERAL: the per-element score path of
 // flash_fwd.cu's general kernels (masks, softcap, any scale); otherwise scale > 0 and the
-// only cut keys are those outside each row's causal/window range or past Skv.
-template <class T, class Tile, bool PAGED, bool GENERAL>
+// only cut keys are those outside each row's causal/window range or past Skv. FP8: K and V
+// are fp8 (kv_fp8) with their scales, packed or paged alike (PAGED is false).
+template <class T, class Tile, bool PAGED, bool GENERAL, bool FP8>
 __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   constexpr int D = Tile::D, ROWS = Tile::ROWS, KEYS = Tile::KEYS, THREADS = Tile::THREADS;
   constexpr int O_REGS = D / 2;  // fp32 accumulators of O a thread
@@ -243,6 +251,14 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   // Copies tile `tile`'s K and V into `stage` (and, paged, the page ids of the tile after it).
   auto load_kv = [&](int stage, int tile) {
     const int n0 = tile * KEYS, seq_kv = st.seq_kv();
+    if constexpr (FP8) {
+      const unsigned k_dst = k_addr(stage), v_dst = v_addr(stage);
+      load_fp8_tile<T, KEYS, D, THREADS>(p, fp8_rows<false>(p, hk), st.b(), st.k_tok0(), n0, seq_kv - n0,
+                                         [&](int r, int c) { return k_dst + sw128_offset<KEYS>(r, c); });
+      load_fp8_tile<T, KEYS, D, THREADS>(p, fp8_rows<true>(p, hk), st.b(), st.k_tok0(), n0, seq_kv - n0,
+                                         [&](int r, int c) { return v_dst + sw128_offset<KEYS>(r, c); });
+      return;
+    }
     if constexpr (PAGED) {
       const int b = st.b();
       load_paged_kv<T, KEYS, D, THREADS>(k_addr(stage), v_addr(stage), p, gk, gv, page_ids[tile & 1], b, n0,
@@ -399,17 +415,18 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 
 // ---- entry points: the flash_fwd_sm90 table of cu/variants.json ---------------------------
 // scripts/build_ptx.py compiles this file with variants.inc made from it, one FLASH_FWD_SM90
-// line a kernel.
-// NAME reads K and V through strides (dense and ragged calls), NAME##_paged through a block table.
-#define FLASH_FWD_SM90(NAME, T, D, GROUPS, GENERAL)                                              \
-  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1)     \
-      NAME(const ptxattn::FlashFwdParams p) {                                                   \
-    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, false, GENERAL>(p);   \
-  }                                                                                              \
-  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1)     \
-      NAME##_paged(const ptxattn::FlashFwdParams p) {                                           \
-    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, true, GENERAL>(p);    \
+// (or, fp8 variants, FLASH_FWD_SM90_FP8) line a variant and dtype.
+#define PTXATTN_SM90_ENTRY(NAME, T, D, GROUPS, PAGED, GENERAL, FP8)                                 \
+  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1)      \
+      NAME(const ptxattn::FlashFwdParams p) {                                                    \
+    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, PAGED, GENERAL, FP8>(p); \
   }
+// NAME reads K and V through strides (dense and ragged calls), NAME##_paged through a block table.
+#define FLASH_FWD_SM90(NAME, T, D, GROUPS, GENERAL)                \
+  PTXATTN_SM90_ENTRY(NAME, T, D, GROUPS, false, GENERAL, false) \
+  PTXATTN_SM90_ENTRY(NAME##_paged, T, D, GROUPS, true, GENERAL, false)
+// NAME reads fp8 K and V, strided or paged (the fp8 loads look pages up themselves).
+#define FLASH_FWD_SM90_FP8(NAME, T, D, GROUPS, GENERAL) PTXATTN_SM90_ENTRY(NAME, T, D, GROUPS, false, GENERAL, true)
 
 // Three warpgroups: while one runs its softmax the others keep the tensor cores busy.
 // General kernels have two: their per-element mask and softcap work spilled hundreds of
@@ -418,4 +435,5 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 // 2 / 3 warpgroups and FA2 in the same run: B4 H32 S4096 D128 410 / 456 (357), causal
 // 377 / 407 (324), B2 Hq32 Hkv8 S8192 causal 402 / 459 (338), B1 Hq32 Hkv8 S16384 causal
 // 428 / 473 (343), B8 H16 S2048 D64 310 / 356 (291). ptxas: 168 registers, no spills.
+// fp8 kernels: general ones only (they run every serving call), to keep the PTX small.
 #include "variants.inc"

@@ -24,9 +24,9 @@ from types import MappingProxyType
 
 from .module import manifest
 
-__all__ = ["TcTile", "SdpaVariant", "Sm90Tile", "DecodeTile", "sdpa_tiles", "sm90_tiles", "decode_d_tiles",
-           "merge_dtypes", "softmax_dtypes", "kv_quant_dtypes", "DECODE_THREADS", "DECODE_WARPS",
-           "DECODE_TILE_KEYS", "DECODE_WARP_ROWS", "DECODE_MERGE_ROW_PAD"]
+__all__ = ["TcTile", "SdpaVariant", "Fp8Variant", "Sm90Tile", "DecodeTile", "sdpa_tiles", "sdpa_fp8_variants",
+           "sm90_tiles", "sm90_fp8_tiles", "decode_d_tiles", "merge_dtypes", "softmax_dtypes", "kv_quant_dtypes",
+           "DECODE_THREADS", "DECODE_WARPS", "DECODE_TILE_KEYS", "DECODE_WARP_ROWS", "DECODE_MERGE_ROW_PAD"]
 
 # Constants of cu/decode.cu that its shared-memory size depends on.
 DECODE_THREADS = 128        # kThreads
@@ -94,13 +94,29 @@ class SdpaVariant:
 
 
 @dataclass(frozen=True)
+class Fp8Variant:
+    """A head-dim variant of cu/flash_fwd_fp8.cu (flash_fwd's tensor-core kernel over fp8 K/V,
+    Dqk = Dv = dim): flash_fwd_<dtype>_<suffix>_general_fp8 runs every call on the general `tile`."""
+    suffix: str
+    tile: TcTile
+
+    @property
+    def dim(self) -> int:
+        return self.tile.dim_qk
+
+    def kernel(self, dtype: str) -> str:
+        return f"flash_fwd_{dtype}_{self.suffix}_general_fp8"
+
+
+@dataclass(frozen=True)
 class Sm90Tile:
     """Sm90Tile<dim, groups> of cu/flash_fwd_sm90.cu (wgmma, sm_90a PTX): `groups` warpgroups of
     64 query rows, 128-key K/V tiles, Dqk = Dv = dim; `general` kernels take the calls with a
-    mask, softcap or scale <= 0."""
+    mask, softcap or scale <= 0; `fp8` ones read fp8 K/V (strided or paged, one entry point)."""
     dim: int
     groups: int
     general: bool = False
+    fp8: bool = False
 
     @property
     def rows(self) -> int:
@@ -116,8 +132,10 @@ class Sm90Tile:
         return 2 * self.dim * (self.rows + 4 * 128) + 1024
 
     def kernel(self, dtype: str, paged: bool = False) -> str:
-        """The entry point for `dtype`; `paged` K/V (a block table) have one of their own."""
-        return f"flash_fwd_sm90_{dtype}_d{self.dim}{'_general' if self.general else ''}{'_paged' if paged else ''}"
+        """The entry point for `dtype`; `paged` K/V (a block table) have one of their own, but
+        for fp8 K/V."""
+        tail = "_fp8" if self.fp8 else "_paged" if paged else ""
+        return f"flash_fwd_sm90_{dtype}_d{self.dim}{'_general' if self.general else ''}{tail}"
 
 
 @dataclass(frozen=True)
@@ -177,9 +195,26 @@ def sdpa_tiles() -> Mapping[str, SdpaVariant]:
 
 
 @functools.cache
+def sdpa_fp8_variants() -> Mapping[int, Fp8Variant]:
+    """flash_fwd_fp8's variants by head dim (Dqk = Dv)."""
+    return MappingProxyType({v["dim_qk"]: Fp8Variant(v["suffix"], _from_record(TcTile, v))
+                             for v in _variants("flash_fwd_fp8")})
+
+
+def _sm90_tiles(fp8: bool) -> list[Sm90Tile]:
+    return [_from_record(Sm90Tile, {"fp8": False, **v}) for v in _variants("flash_fwd_sm90") if v.get("fp8", False) == fp8]
+
+
+@functools.cache
 def sm90_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
-    """flash_fwd_sm90's tiles by (head dim (Dqk = Dv), general)."""
-    return MappingProxyType({(v["dim"], v["general"]): _from_record(Sm90Tile, v) for v in _variants("flash_fwd_sm90")})
+    """flash_fwd_sm90's tiles over f16 / bf16 K/V by (head dim (Dqk = Dv), general)."""
+    return MappingProxyType({(t.dim, t.general): t for t in _sm90_tiles(fp8=False)})
+
+
+@functools.cache
+def sm90_fp8_tiles() -> Mapping[int, Sm90Tile]:
+    """flash_fwd_sm90's tiles over fp8 K/V (general ones) by head dim (Dqk = Dv)."""
+    return MappingProxyType({t.dim: t for t in _sm90_tiles(fp8=True)})
 
 
 @functools.cache

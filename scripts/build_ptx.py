@@ -114,22 +114,23 @@ def c_literal(value) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def _flash_fwd(info):
+def _flash_fwd(info, fp8: bool = False):
     for v in info["variants"]:
-        suffix = v["suffix"] + ("_general" if v["general"] else "")
-        tile = ", ".join(c_literal(v[k]) for k in ("general", "dim_qk", "dim_v", "warps", "m_tiles", "keys", "stages",
-                                            "q_in_regs"))
+        suffix = v["suffix"] + ("_general" if v["general"] else "") + ("_fp8" if fp8 else "")
+        tile = ", ".join(c_literal(v[k]) for k in ("dim_qk", "dim_v", "warps", "m_tiles", "keys", "stages",
+                                                   "q_in_regs"))
         for dtype in info["dtypes"]:
             name = f"flash_fwd_{dtype}_{suffix}"
-            yield f"FLASH_FWD_TC({name}, {C_TYPES[dtype]}, {tile})", [name]
+            yield f"FLASH_FWD_TC({name}, {C_TYPES[dtype]}, {c_literal(v['general'])}, {c_literal(fp8)}, {tile})", [name]
 
 
 def _flash_fwd_sm90(info):
     for v in info["variants"]:
+        fp8 = v.get("fp8", False)
         for dtype in info["dtypes"]:
-            name = f"flash_fwd_sm90_{dtype}_d{v['dim']}{'_general' if v['general'] else ''}"
-            yield (f"FLASH_FWD_SM90({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, {c_literal(v['general'])})",
-                   [name, f"{name}_paged"])
+            name = f"flash_fwd_sm90_{dtype}_d{v['dim']}{'_general' if v['general'] else ''}{'_fp8' if fp8 else ''}"
+            args = f"({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, {c_literal(v['general'])})"
+            yield (f"FLASH_FWD_SM90_FP8{args}", [name]) if fp8 else (f"FLASH_FWD_SM90{args}", [name, f"{name}_paged"])
 
 
 def _decode(info):
@@ -159,8 +160,9 @@ def _softmax(info):
                [f"softmax_{kind}_{dtype}" for kind in ("rows_warp", "rows_block", "cols")])
 
 
-VARIANT_LINES = {"flash_fwd": _flash_fwd, "flash_fwd_sm90": _flash_fwd_sm90, "decode": _decode,
-                 "merge": _merge, "softmax": _softmax, "kv_cache": _kv_cache}
+VARIANT_LINES = {"flash_fwd": _flash_fwd, "flash_fwd_fp8": lambda info: _flash_fwd(info, fp8=True),
+                 "flash_fwd_sm90": _flash_fwd_sm90, "decode": _decode, "merge": _merge, "softmax": _softmax,
+                 "kv_cache": _kv_cache}
 
 
 def expand(family: str, info: dict) -> tuple[dict[str, str], list[str]]:

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from ptxattn.module import manifest
-from ptxattn.variants import (DecodeTile, Sm90Tile, decode_d_tiles, kv_quant_dtypes, merge_dtypes, sdpa_tiles,
-                              sm90_tiles, softmax_dtypes)
+from ptxattn.variants import (DecodeTile, Sm90Tile, decode_d_tiles, kv_quant_dtypes, merge_dtypes, sdpa_fp8_variants,
+                              sdpa_tiles, sm90_fp8_tiles, sm90_tiles, softmax_dtypes)
 
 DTYPES = ("f16", "bf16", "f32")
 
@@ -23,7 +23,10 @@ def test_views_name_every_kernel_of_the_manifest():
             for general in (False, True)} | {"flash_fwd_f32"} == kernels("flash_fwd")
     sm90_dtypes = manifest()["families"]["flash_fwd_sm90"]["dtypes"]
     assert {t.kernel(dt, paged) for t in sm90_tiles().values() for dt in sm90_dtypes
-            for paged in (False, True)} == kernels("flash_fwd_sm90")
+            for paged in (False, True)} | {t.kernel(dt) for t in sm90_fp8_tiles().values()
+                                           for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
+    fp8_dtypes = manifest()["families"]["flash_fwd_fp8"]["dtypes"]
+    assert {v.kernel(dt) for v in sdpa_fp8_variants().values() for dt in fp8_dtypes} == kernels("flash_fwd_fp8")
     assert {t.kernel for dt in DTYPES for kv in (None, "e4m3", "e5m2") for t in decode_d_tiles(dt, kv)} == \
         kernels("decode")
     assert {f"merge_{a}_{b}" for a, b in merge_dtypes()} == kernels("merge")
@@ -52,6 +55,18 @@ def test_sm90_tiles_and_their_sizes():
     general = sm90_tiles()[128, True]
     assert general.kernel("bf16", True) == "flash_fwd_sm90_bf16_d128_general_paged"
     assert (general.rows, general.threads, general.shared_bytes) == (128, 256, 2 * 128 * (128 + 4 * 128) + 1024)
+
+
+def test_fp8_sdpa_tiles():
+    """fp8 K/V: general kernels only, at Dqk = Dv = 64 and 128, on flash_fwd's general tiles;
+    the mma.sync ones ship for sm_80 and sm_89 only."""
+    assert list(sdpa_fp8_variants()) == [64, 128] == list(sm90_fp8_tiles())
+    for dim, variant in sdpa_fp8_variants().items():
+        assert variant.tile == sdpa_tiles()[f"d{dim}"].general
+    assert sdpa_fp8_variants()[128].kernel("bf16") == "flash_fwd_bf16_d128_general_fp8"
+    assert sm90_fp8_tiles()[64] == Sm90Tile(64, 2, True, True) and sm90_fp8_tiles()[64].kernel("f16", True) == \
+        "flash_fwd_sm90_f16_d64_general_fp8"
+    assert manifest()["families"]["flash_fwd_fp8"]["archs"] == ["sm_80", "sm_89"]
 
 
 def test_decode_tiles_and_their_shared_bytes():

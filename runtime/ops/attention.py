@@ -16,7 +16,7 @@ import numpy as np
 from ..array import DeviceArray
 from ..dtypes import bfloat16
 from ..module import ParamStruct, loaded_arch
-from ..variants import SdpaVariant, sdpa_tiles, sm90_tiles
+from ..variants import SdpaVariant, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles, sm90_tiles
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_nonnegative_strides,
                      check_output, check_sinks, check_unit_last_stride, parse_scale, parse_softcap, parse_window,
                      require)
@@ -38,6 +38,7 @@ class _FlashFwdParams(ParamStruct):
         ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("mask", ctypes.c_void_p),
         ("sinks", ctypes.c_void_p), ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
         ("seq_lens_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p), ("fault", ctypes.c_void_p),
+        ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p),
         ("q_batch_stride", ctypes.c_int64), ("q_head_stride", ctypes.c_int64), ("q_seq_stride", ctypes.c_int64),
         ("k_batch_stride", ctypes.c_int64), ("k_head_stride", ctypes.c_int64), ("k_seq_stride", ctypes.c_int64),
         ("v_batch_stride", ctypes.c_int64), ("v_head_stride", ctypes.c_int64), ("v_seq_stride", ctypes.c_int64),
@@ -46,6 +47,10 @@ class _FlashFwdParams(ParamStruct):
         ("mask_query_stride", ctypes.c_int64), ("mask_key_stride", ctypes.c_int64),
         ("lse_batch_stride", ctypes.c_int64), ("lse_head_stride", ctypes.c_int64), ("lse_seq_stride", ctypes.c_int64),
         ("block_table_stride", ctypes.c_int64),
+        ("k_scale_batch_stride", ctypes.c_int64), ("k_scale_head_stride", ctypes.c_int64),
+        ("k_scale_seq_stride", ctypes.c_int64),
+        ("v_scale_batch_stride", ctypes.c_int64), ("v_scale_head_stride", ctypes.c_int64),
+        ("v_scale_seq_stride", ctypes.c_int64),
         ("heads_q", ctypes.c_int32), ("heads_kv", ctypes.c_int32), ("seq_q", ctypes.c_int32),
         ("seq_kv", ctypes.c_int32), ("dim_qk", ctypes.c_int32), ("dim_v", ctypes.c_int32),
         ("mask_kind", ctypes.c_int32), ("diag_offset", ctypes.c_int32),
@@ -54,7 +59,8 @@ class _FlashFwdParams(ParamStruct):
         ("vector_io", ctypes.c_int32), ("heavy_first", ctypes.c_int32),
         ("num_seqs", ctypes.c_int32), ("tokens_q", ctypes.c_int32), ("tokens_k", ctypes.c_int32),
         ("kv_capacity", ctypes.c_int32), ("num_pages", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
-        ("min_queries", ctypes.c_int32),
+        ("min_queries", ctypes.c_int32), ("kv_fp8", ctypes.c_int32),
+        ("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float),
     ]
 
 
@@ -155,10 +161,19 @@ class KernelPlan:
     shared: int
 
 
-def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False) -> KernelPlan:
+def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool = False) -> KernelPlan:
     """The kernel for q's dtype and head dims; `general` picks the per-element score path
     (mask, softcap or scale <= 0); `wgmma` says the device runs the sm_90a kernels and the
-    tensors are 16-byte aligned; `paged`: K and V come through a block table."""
+    tensors are 16-byte aligned; `paged`: K and V come through a block table; `fp8`: K and V
+    are fp8 (validated: Dqk = Dv, a dim of sdpa_fp8_variants; the general kernels run it)."""
+    if fp8:
+        name = _DTYPE_NAME[dtype]
+        if wgmma and dqk in sm90_fp8_tiles():
+            sm90 = sm90_fp8_tiles()[dqk]
+            return KernelPlan(sm90.kernel(name), sm90.rows, sm90.threads, sm90.shared_bytes)
+        variant = sdpa_fp8_variants()[dqk]
+        tile = variant.tile
+        return KernelPlan(variant.kernel(name), tile.rows, tile.threads, tile.shared_bytes)
     if dtype == np.float32:
         k_pitch = dqk | 1
         return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk))
@@ -252,19 +267,31 @@ class Serving(NamedTuple):
     min_queries: int = 0
 
 
+class KvFp8(NamedTuple):
+    """The fp8 K/V fields of FlashFwdParams (the _fp8 kernels): the type (Fp8Kind in cu/fp8.cuh),
+    each per-token scale array's element strides (batch or page, head, token), zeros for a
+    per-tensor scale, and the per-tensor scales."""
+    kind: int = 0
+    k_scale_strides: tuple[int, int, int] = (0, 0, 0)
+    v_scale_strides: tuple[int, int, int] = (0, 0, 0)
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
 def flash_params(q_strides, k_strides, v_strides, o_strides, lse_strides, left: int, right: int, scale: float,
                  softcap: float, vector_io: bool, *, heads, dims, seq_q=0, seq_kv=0, mask_kind=0,
                  mask_strides=(0, 0, 0, 0), diag_offset=0, block_table_stride=0,
-                 serving: Serving = Serving()) -> _FlashFwdParams:
+                 serving: Serving = Serving(), fp8: KvFp8 = KvFp8()) -> _FlashFwdParams:
     """The bound parameter struct (every pointer 0: each run writes them). Element strides are
     (batch, head, token) triples."""
     params = _FlashFwdParams()
     _PARAMS_LAYOUT.pack_into(
         params, 0, *(0,) * _POINTERS,
         *q_strides, *k_strides, *v_strides, *o_strides, *mask_strides, *lse_strides, block_table_stride,
+        *fp8.k_scale_strides, *fp8.v_scale_strides,
         *heads, seq_q, seq_kv, *dims, mask_kind, diag_offset, left, right, scale, softcap, int(vector_io),
         # A bounded right edge means later query blocks see more keys: start them first.
-        int(right < UNBOUNDED_WINDOW), *serving,
+        int(right < UNBOUNDED_WINDOW), *serving, fp8.kind, fp8.k_scale, fp8.v_scale,
     )
     return params
 
