@@ -307,6 +307,16 @@ def merge_states(o_states, lse_states, sinks=None):
 # Packed token-major q [Nq, Hq, Dqk], k [Nk, Hkv, Dqk], v [Nk, Hkv, Dv] -> o [Nq, Hq, Dv],
 # lse [Nq, Hq]. Each sequence is one sdpa (bottom-right aligned); rows outside every
 # sequence get o = 0, lse = -inf. Offsets, lengths and block tables are host integers.
+# fp8 K/V (or pools) come with a scale each: x stands for x * scale (dequantize).
+
+
+def dequantize(x, scale=None) -> np.ndarray:
+    """The values an fp8 array stands for, in float64: x * scale, scale a number or an array
+    shaped like x less its last axis (one per token and kv head); without a scale, x as it is."""
+    if scale is None:
+        return np.asarray(x)
+    scale = np.asarray(scale, np.float64)
+    return np.asarray(x).astype(np.float64) * (scale[..., None] if scale.ndim else scale)
 
 
 def _offsets(cu, n: int, name: str) -> np.ndarray:
@@ -331,11 +341,12 @@ def _sequence_sdpa(q, k, v, **options):
 
 
 def ragged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, window=None,
-                     scale=None, softcap=0.0, sinks=None):
+                     scale=None, softcap=0.0, sinks=None, k_scale=None, v_scale=None):
     """sdpa per sequence b of q[cu_q[b]:cu_q[b+1]] against k, v[cu_k[b]:cu_k[b+1]], causal and
     window aligned bottom-right (query i's diagonal is i + Lk - Lq), scale / softcap / sinks
-    as in sdpa. Returns (o [Nq, Hq, Dv], lse [Nq, Hq]); uncovered rows: o = 0, lse = -inf."""
-    q, k, v = (np.asarray(x) for x in (q, k, v))
+    as in sdpa; fp8 k / v are dequantized with k_scale / v_scale (a number, or [Nk, Hkv]).
+    Returns (o [Nq, Hq, Dv], lse [Nq, Hq]); uncovered rows: o = 0, lse = -inf."""
+    q, k, v = np.asarray(q), dequantize(k, k_scale), dequantize(v, v_scale)
     cu_q = _offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
     cu_k = _offsets(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
     assert cu_q.size == cu_k.size, "cu_seqlens_q and cu_seqlens_k must both have B+1 entries"
@@ -350,13 +361,15 @@ def ragged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, windo
 
 
 def paged_attention(q, k_pool, v_pool, qo_indptr, block_table, seq_lens, *, layout="HND",
-                    window=None, scale=None, softcap=0.0, sinks=None):
+                    window=None, scale=None, softcap=0.0, sinks=None, k_scale=None, v_scale=None):
     """Sequence b's n_b = qo[b+1] - qo[b] queries q[qo[b]:qo[b+1]] against the first
     seq_lens[b] keys of the pages block_table[b] names, bottom-right causal (query i sees keys
     < seq_lens[b] - n_b + 1 + i), window / softcap / sinks / scale as in decode; layout is
-    "HND" / "NHD" or a (k_layout, v_layout) pair. Only the pages a row reads are looked up.
-    Returns (o [Nq, Hq, Dv], lse [Nq, Hq]); uncovered rows: o = 0, lse = -inf."""
+    "HND" / "NHD" or a (k_layout, v_layout) pair. fp8 pools are dequantized with k_scale /
+    v_scale (a number, or shaped like the pool less its last axis). Only the pages a row reads
+    are looked up. Returns (o [Nq, Hq, Dv], lse [Nq, Hq]); uncovered rows: o = 0, lse = -inf."""
     q, table = np.asarray(q), np.asarray(block_table)
+    k_pool, v_pool = dequantize(k_pool, k_scale), dequantize(v_pool, v_scale)
     k_layout, v_layout = (layout, layout) if isinstance(layout, str) else layout
     qo = _offsets(qo_indptr, q.shape[0], "qo_indptr")
     lens = np.asarray(seq_lens).astype(np.int64)

@@ -18,6 +18,7 @@ from ptxattn.faults import fault_buffer  # noqa: E402
 from ptxattn.ops import prepared  # noqa: E402
 
 BF16 = ptxattn.bfloat16
+E4M3, E5M2 = ptxattn.dtypes.float8_e4m3fn, ptxattn.dtypes.float8_e5m2
 STREAM = ptxattn.Stream.create()
 
 
@@ -94,6 +95,24 @@ def _paged_attention_arrays():
                                                                     return_lse=True),), np.uint8)}
 
 
+def _ragged_fp8_arrays():
+    """fp8 k / v with per-token scales."""
+    e = ptxattn.empty
+    return {**_ragged_arrays(), "k": e((500, 2, 64), E4M3), "v": e((500, 2, 64), E4M3),
+            "k_scale": e((500, 2), np.float32), "v_scale": e((500, 2), np.float32)}
+
+
+def _paged_attention_fp8_arrays(per_token: bool = True):
+    """fp8 pools, with per-token scale arrays or (per_token False) none: the scales are numbers."""
+    e = ptxattn.empty
+    q, pool, qo, table = e((70, 8, 64), BF16), e((40, 2, 16, 64), E5M2), e((5,), np.int32), e((4, 16), np.int32)
+    workspace = ptxattn.paged_attention_workspace_bytes(q, pool, pool, qo, table, decode_queries=4, return_lse=True)
+    scales = {"k_scale": e((40, 2, 16), np.float32), "v_scale": e((40, 2, 16), np.float32)} if per_token else {}
+    return {"q": q, "k_pool": pool, "v_pool": e(pool.shape, E5M2), "qo_indptr": qo, "block_table": table,
+            "seq_lens": e((4,), np.int32), "sinks": e((8,), np.float32), "out": e((70, 8, 64), BF16),
+            "out_lse": e((70, 8), np.float32), "workspace": e((workspace,), np.uint8), **scales}
+
+
 # (op, arrays maker, options): every op, with every optional array it takes.
 CALLS = [
     (ptxattn.sdpa, _sdpa_arrays, {"causal": True, "return_lse": True}),
@@ -102,6 +121,10 @@ CALLS = [
     (ptxattn.paged_decode, _paged_arrays, {"return_lse": True}),
     (ptxattn.ragged_attention, _ragged_arrays, {"causal": True, "return_lse": True}),
     (ptxattn.paged_attention, _paged_attention_arrays, {"return_lse": True, "decode_queries": 4}),
+    (ptxattn.ragged_attention, _ragged_fp8_arrays, {"causal": True, "return_lse": True}),
+    (ptxattn.paged_attention, _paged_attention_fp8_arrays, {"return_lse": True, "decode_queries": 4}),
+    (ptxattn.paged_attention, lambda: _paged_attention_fp8_arrays(per_token=False),
+     {"return_lse": True, "decode_queries": 4, "k_scale": 0.5, "v_scale": 0.25}),
     (ptxattn.kv_append, _append_arrays, {}),
     (ptxattn.paged_kv_append, _paged_append_arrays, {}),
     (ptxattn.kv_append, lambda: _fp8_append_arrays(quantize=True), {}),
@@ -287,6 +310,43 @@ def serving_outputs_made_are_filled() -> None:
         given["out"].set(np.full(given["out"].shape, 3, np.float32).astype(BF16), STREAM)
         op(**given, **options, stream=STREAM)
         assert (given["out"].get(STREAM).astype(np.float32) == 3).all(), f"{op.__name__}: a given out was filled"
+
+
+def fp8_fields_are_bound() -> None:
+    """fp8 calls launch the _fp8 tile kernels (wgmma on the fake's sm_90 device) with the fp8
+    type, per-token scales' addresses and (batch or page, head, token) strides, or per-tensor
+    values; paged_attention's decode rows get decode's fp8 kernel with the same scales."""
+    arrays = _ragged_fp8_arrays()
+    step = ptxattn.prepare(ptxattn.ragged_attention, **arrays, causal=True, stream=STREAM)
+    (tile,) = step.launches
+    p = tile.params
+    assert tile.name == "flash_fwd_sm90_bf16_d64_general_fp8", tile.name
+    assert (p.kv_fp8, p.k_scales, p.v_scales) == (1, arrays["k_scale"].ptr, arrays["v_scale"].ptr)
+    assert (p.k_scale_batch_stride, p.k_scale_head_stride, p.k_scale_seq_stride) == (0, 1, 2)
+    assert (p.v_scale_batch_stride, p.v_scale_head_stride, p.v_scale_seq_stride) == (0, 1, 2)
+    assert (p.k_scale, p.v_scale) == (1.0, 1.0)
+
+    arrays = _paged_attention_fp8_arrays(per_token=False)
+    step = ptxattn.prepare(ptxattn.paged_attention, **arrays, decode_queries=4, k_scale=0.5, v_scale=0.25,
+                           stream=STREAM)
+    tiles = [launch for launch in step.launches if launch.name.startswith("flash_fwd")]
+    splits = [launch for launch in step.launches if launch.name.startswith("decode_split")]
+    assert [x.name for x in tiles] == ["flash_fwd_sm90_bf16_d64_general_fp8"], [x.name for x in step.launches]
+    assert [x.name for x in splits] == ["decode_split_bf16_e5m2_d128"], [x.name for x in step.launches]
+    p = tiles[0].params
+    assert (p.kv_fp8, p.k_scales, p.v_scales, p.k_scale, p.v_scale) == (2, None, None, 0.5, 0.25)
+    d = splits[0].params
+    assert (d.k_scales, d.v_scales, d.v_scale) == (None, None, 0.25) and abs(d.scale - 0.5 / 8) < 1e-7
+
+    arrays = _paged_attention_fp8_arrays()
+    step = ptxattn.prepare(ptxattn.paged_attention, **arrays, decode_queries=4, stream=STREAM)
+    tile = next(launch for launch in step.launches if launch.name.startswith("flash_fwd"))
+    split = next(launch for launch in step.launches if launch.name.startswith("decode_split"))
+    p, d = tile.params, split.params
+    assert (p.k_scales, p.v_scales) == (arrays["k_scale"].ptr, arrays["v_scale"].ptr) == (d.k_scales, d.v_scales)
+    # HND scales [pages, Hkv, page_size]: page stride 32, head 16, token 1.
+    assert (p.k_scale_batch_stride, p.k_scale_head_stride, p.k_scale_seq_stride) == (32, 16, 1)
+    assert (d.k_scale_stride_page, d.k_scale_stride_head, d.k_scale_stride_tok) == (32, 16, 1)
 
 
 def threads_launch_their_own_pointers() -> None:

@@ -1,9 +1,16 @@
-"""Helpers for GPU tests: NaN-poisoned outputs framed by canaries, and error bounds."""
+"""Helpers for GPU tests: NaN-poisoned outputs framed by canaries, error bounds, and a test
+run in a fresh process under another arch's PTX."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
+import pytest
 
 import ptxattn
+from ptxattn.arch import ARCH_ENV, runs_on
 
 CANARY = 1024  # elements of guard on each side of an output
 
@@ -55,3 +62,18 @@ def relative_error(out, ref) -> float:
 
 # ‖out − ref‖ / ‖ref‖ bounds per input dtype (fp32 accumulation throughout).
 REL_TOL = {np.dtype(np.float32): 1e-5, np.dtype(np.float16): 2e-3, ptxattn.bfloat16: 1.6e-2}
+
+
+def run_under_arch(test: str, arch: str) -> None:
+    """Runs the test `test` (a pytest node id) in a fresh process with PTXATTN_ARCH=arch (the
+    choice holds for a process) and asserts it passed; skips where the device cannot run that
+    arch's PTX, and in a run that is itself a PTXATTN_ARCH pass."""
+    if os.environ.get(ARCH_ENV):
+        pytest.skip(f"this run is the {ARCH_ENV}={os.environ[ARCH_ENV]} pass; the per-arch processes run in the "
+                    f"default one")
+    device = ptxattn.get_device(0)
+    if not runs_on(arch, device.compute_capability):
+        pytest.skip(f"{device.name} (compute capability {device.compute_capability}) cannot run {arch} PTX")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                          capture_output=True, text=True, env={**os.environ, ARCH_ENV: arch}, timeout=600)
+    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]

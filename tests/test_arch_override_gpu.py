@@ -7,21 +7,18 @@ arch (the choice holds for a process), so the default GPU suite covers sm_80, sm
 `PTXATTN_ARCH=sm_80 python -m pytest -m gpu tests/...` runs any GPU test file that way."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 import ptxattn
 from ptxattn import reference
-from ptxattn.arch import ARCH_ENV, arch_key, runs_on
+from ptxattn.arch import arch_key
 from ptxattn.context import on_device
 from ptxattn.driver import call, cu
 from ptxattn.module import get_kernel, loaded_arch
 
 from decode_util import FP8, assert_same_fp8, check_attention, fp8_cache, nan_fp8, nan_tail_cache, rand
+from gpu_util import run_under_arch
 
 pytestmark = pytest.mark.gpu
 
@@ -96,13 +93,4 @@ def test_kernels_are_jit_compiled_from_the_chosen_arch(rng, monkeypatch):
 
 @pytest.mark.parametrize("arch", OVERRIDES)
 def test_each_shipped_arch_in_a_fresh_process(arch):
-    if os.environ.get(ARCH_ENV):
-        pytest.skip(f"this run is the {ARCH_ENV}={os.environ[ARCH_ENV]} pass; the per-arch processes run in the "
-                    f"default one")
-    device = ptxattn.get_device(0)
-    if not runs_on(arch, device.compute_capability):
-        pytest.skip(f"{device.name} (compute capability {device.compute_capability}) cannot run {arch} PTX")
-    test = f"{__file__}::test_kernels_are_jit_compiled_from_the_chosen_arch"
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
-                          capture_output=True, text=True, env={**os.environ, ARCH_ENV: arch}, timeout=600)
-    assert done.returncode == 0 and "1 passed" in done.stdout, done.stdout[-4000:] + done.stderr[-2000:]
+    run_under_arch(f"{__file__}::test_kernels_are_jit_compiled_from_the_chosen_arch", arch)

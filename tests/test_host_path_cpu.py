@@ -1,7 +1,8 @@
 """The op layer's host logic without a GPU: each check of fake_driver_checks.py runs in its
 own process against ptxattn.fake_driver (no stale pointer after a cached binding is reused,
 prepared calls rebind only what they are given, option types in the cache key, a bounded
-cache, NumPy round trips, threads launching their own arrays, the serving ops' filled outputs)."""
+cache, NumPy round trips, threads launching their own arrays, the serving ops' filled outputs, fp8
+fields bound)."""
 from __future__ import annotations
 
 import subprocess
@@ -14,7 +15,7 @@ CHECKS = ["no_stale_pointers", "prepared_rebinds_only_what_it_is_given", "option
           "ops_with_equal_arguments_keep_their_own_bindings",
           "torch_tensors_are_classified_where_they_live",
           "cache_stays_bounded", "numpy_calls_round_trip", "threads_launch_their_own_pointers",
-          "serving_outputs_made_are_filled"]
+          "serving_outputs_made_are_filled", "fp8_fields_are_bound"]
 
 
 @pytest.mark.parametrize("check", CHECKS)

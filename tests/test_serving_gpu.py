@@ -7,74 +7,22 @@ batch mixes, bitwise equal to eager; bad offsets, lengths and page ids raise Dev
 leave the context usable."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
 import ptxattn
 from ptxattn import reference
 
-from decode_util import DTYPE_IDS, DTYPES, check_attention, rand, to_layout
-from gpu_util import REL_TOL, GuardedOutput, relative_error
+from decode_util import DTYPE_IDS, DTYPES, rand
+from gpu_util import REL_TOL, relative_error
+from serving_util import (EDGE_LENGTHS, GuardedRows, PagedBatch, StepBudget, captured, check_rows, covered_rows,
+                          expect_fault, mixed_step, offsets, on_device, ragged_batch, replay_equals_eager)
 
 pytestmark = pytest.mark.gpu
 
 BF16 = ptxattn.bfloat16
-# Lengths at the tile kernels' boundaries (16-row warps, 64- and 192-row blocks, 32..128-key tiles).
-EDGE_LENGTHS = [0, 1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 191, 192, 193, 300]
-
-
-def offsets(lengths, start=0) -> np.ndarray:
-    return (start + np.concatenate([[0], np.cumsum(lengths)])).astype(np.int32)
-
-
-class GuardedRows:
-    """Packed o [N, Hq, Dv] / lse [N, Hq] outputs poisoned with NaN in canaries; after the
-    call, the rows of `covered` must hold numbers and every other row must still be NaN."""
-
-    def __init__(self, rng, n, hq, dv, dtype) -> None:
-        self.o = GuardedOutput((n, hq, dv), dtype, rng)
-        self.lse = GuardedOutput((n, hq), np.float32, rng)
-
-    @property
-    def kwargs(self) -> dict:
-        return {"out": self.o.array, "out_lse": self.lse.array, "return_lse": True}
-
-    def check(self, covered: np.ndarray):
-        o, lse = self.o.check(nan_allowed=True), self.lse.check(nan_allowed=True)
-        o32 = o.astype(np.float32)
-        assert not np.isnan(o32[covered]).any(), "a covered row was not written"
-        assert not np.isnan(lse[covered]).any(), "a covered lse was not written"
-        assert np.isnan(o32[~covered]).all() and np.isnan(lse[~covered]).all(), "a row no sequence covers was written"
-        return o, lse
-
-
-def covered_rows(n: int, cu: np.ndarray) -> np.ndarray:
-    rows = np.zeros(n, bool)
-    rows[cu[0]:cu[-1]] = True
-    return rows
-
-
-def check_rows(o, lse, ref_o, ref_lse, covered, dtype) -> None:
-    """check_attention over the rows a sequence covers."""
-    check_attention(o[covered], lse[covered], ref_o[covered], ref_lse[covered], dtype)
-
-
-def ragged_batch(rng, lens_q, lens_k, hq, hkv, dqk, dv, dtype, lead=3, tail=5):
-    """Packed q / k / v with `lead` rows before and `tail` after the sequences (NaN in k / v,
-    random in q) and their offsets."""
-    cu_q, cu_k = offsets(lens_q, lead), offsets(lens_k, lead)
-    nq, nk = int(cu_q[-1]) + tail, int(cu_k[-1]) + tail
-    q = rand(rng, (nq, hq, dqk), dtype)
-    k, v = rand(rng, (nk, hkv, dqk), dtype), rand(rng, (nk, hkv, dv), dtype)
-    for x in (k, v):
-        x[:lead] = np.nan
-        x[cu_k[-1]:] = np.nan
-    return q, k, v, cu_q, cu_k
-
-
-def on_device(options: dict) -> dict:
-    """The options with sinks as a device array (a call takes all its arrays from one side)."""
-    return {k: ptxattn.asarray(v) if k == "sinks" else v for k, v in options.items()}
 
 
 def run_ragged(rng, q, k, v, cu_q, cu_k, **options):
@@ -156,52 +104,6 @@ def test_ragged_made_output_is_zero_outside_the_sequences(rng):
 
 
 # ---- paged_attention ---------------------------------------------------------------------------
-class PagedBatch:
-    """A serving step over a shuffled pool: sequence b holds lens[b] keys (its cached prefix and
-    its n_b new tokens), pages NaN past every live length and in unused pages."""
-
-    def __init__(self, rng, new, lens, hq, hkv, d, page_size, dtype, layout="HND", tail=4, spare_pages=5):
-        batch = len(new)
-        self.max_pages = max(1, max(-(-n // page_size) for n in lens) + 1)
-        pages = batch * self.max_pages + spare_pages
-        order = rng.permutation(pages)
-        self.table = order[: batch * self.max_pages].reshape(batch, self.max_pages).astype(np.int32)
-        pool_hnd = [np.full((pages, hkv, page_size, d), np.nan, np.float32) for _ in range(2)]
-        for b, n in enumerate(lens):
-            for j in range(-(-n // page_size)):
-                live = min(page_size, n - j * page_size)
-                for pool in pool_hnd:
-                    pool[self.table[b, j], :, :live] = rng.standard_normal((hkv, live, d))
-        self.k_pool, self.v_pool = (to_layout(p.astype(dtype), layout) for p in pool_hnd)
-        self.qo = offsets(new)
-        self.q = rand(rng, (int(self.qo[-1]) + tail, hq, d), dtype)
-        self.lens = np.asarray(lens, np.int32)
-        self.layout = layout
-
-    def args(self):
-        return (self.q, self.k_pool, self.v_pool, self.qo, self.table, self.lens)
-
-    def device_args(self):
-        return tuple(ptxattn.asarray(x) for x in self.args())
-
-    def reference(self, **options):
-        return reference.paged_attention(*self.args(), layout=self.layout, **options)
-
-    def run(self, rng, **options):
-        guard = GuardedRows(rng, self.q.shape[0], self.q.shape[1], self.v_pool.shape[3], self.q.dtype)
-        ptxattn.paged_attention(*self.device_args(), layout=self.layout, **on_device(options), **guard.kwargs)
-        return guard.check(covered_rows(self.q.shape[0], self.qo))
-
-
-def mixed_step(rng, page_size):
-    """New queries and lengths of a step mixing prefill chunks (some with long cached prefixes),
-    decode rows of 1..16 queries, empty sequences and page / tile edges."""
-    new = [300, 1, 2, 0, 65, 16, 4, 129, 1, 7, 192]
-    lens = [300, 1 + page_size * 9, 2 + page_size - 1, 37, 65 + page_size * 3 + 1, 16, 40, 129 + 700, page_size,
-            page_size + 1, 192 + 2 * page_size]
-    return new, lens
-
-
 @pytest.mark.parametrize("decode_queries", [0, 1, 4, 16])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 @pytest.mark.parametrize("page_size", [8, 16, 64, 256])
@@ -273,53 +175,22 @@ def test_one_captured_step_serves_ten_batch_mixes(rng):
     equals the eager call bit for bit each time."""
     dev = ptxattn.get_device(0)
     stream = ptxattn.Stream.create(device=dev)
-    max_seqs, max_pages, page_size, budget, hq, hkv, d = 64, 8, 64, 600, 16, 4, 128
-    pages = max_seqs * max_pages
-    k_pool = ptxattn.asarray(rand(rng, (pages, hkv, page_size, d), BF16), stream)
-    v_pool = ptxattn.asarray(rand(rng, (pages, hkv, page_size, d), BF16), stream)
-    q = ptxattn.asarray(rand(rng, (budget, hq, d), BF16), stream)
-    qo = ptxattn.zeros((max_seqs + 1,), np.int32, stream=stream)
-    table = ptxattn.zeros((max_seqs, max_pages), np.int32, stream=stream)
-    lens = ptxattn.zeros((max_seqs,), np.int32, stream=stream)
-    step = ptxattn.prepare(ptxattn.paged_attention, q, k_pool, v_pool, qo, table, lens, decode_queries=4,
-                           return_lse=True, stream=stream)
-    out, out_lse = step.arrays["out"], step.arrays["out_lse"]
-    step.run()
-    with ptxattn.capture(stream, dev) as graph:
-        step.run()
+    budget = StepBudget(rng, stream, max_seqs=64, max_pages=8, page_size=64, pages=64 * 8, budget=600, hq=16, d=128)
+    k_pool, v_pool = (ptxattn.asarray(rand(rng, (budget.pages, 4, 64, 128), BF16), stream) for _ in range(2))
+    call = dict(decode_queries=4, return_lse=True, stream=stream)
+    step = ptxattn.prepare(ptxattn.paged_attention, *budget.args(k_pool, v_pool), **call)
+    graph = captured(step, stream, dev)
+    eager = functools.partial(ptxattn.paged_attention, *budget.args(k_pool, v_pool), **call)
     for mix in range(10):
-        live = int(rng.integers(1, max_seqs + 1))
-        new = np.zeros(max_seqs, np.int64)
-        new[:live] = rng.choice([1, 1, 2, 4, 5, 30, 200], live)
-        while new.sum() > budget:
-            new[int(np.argmax(new))] //= 2
-        length = np.minimum(new + rng.integers(0, max_pages * page_size, max_seqs), max_pages * page_size)
-        length[live:] = 0
-        for arr, host in ((qo, offsets(new)), (lens, length.astype(np.int32)),
-                          (table, rng.permutation(pages)[: max_seqs * max_pages].reshape(max_seqs, max_pages)
-                           .astype(np.int32)), (q, rand(rng, (budget, hq, d), BF16))):
-            arr.set(host, stream)
-        out.set(np.full(out.shape, np.nan, np.float32).astype(BF16), stream)
-        graph.replay(stream)
-        replayed, replayed_lse = out.get(stream), out_lse.get(stream)
-        eager, eager_lse = ptxattn.paged_attention(q, k_pool, v_pool, qo, table, lens, decode_queries=4,
-                                                   return_lse=True, stream=stream)
-        rows = int(new.sum())
-        assert replayed[:rows].tobytes() == eager.get(stream)[:rows].tobytes(), f"mix {mix}"
-        assert replayed_lse[:rows].tobytes() == eager_lse.get(stream)[:rows].tobytes(), f"mix {mix}"
-        ref_o, _ = reference.paged_attention(q.get(stream), k_pool.get(stream), v_pool.get(stream), qo.get(stream),
-                                             table.get(stream), lens.get(stream))
+        rows = budget.mix(rng)
+        replayed = replay_equals_eager(graph, step, eager, rows, stream, f"mix {mix}")
+        q, qo, table, lens = budget.host()
+        ref_o, _ = reference.paged_attention(q, k_pool.get(stream), v_pool.get(stream), qo, table, lens)
         assert relative_error(replayed[:rows], ref_o[:rows]) <= REL_TOL[BF16]
     ptxattn.check_faults(dev, stream)
 
 
 # ---- faults -------------------------------------------------------------------------------------
-def _expect_fault(dev, stream, code):
-    with pytest.raises(ptxattn.DeviceFault) as info:
-        ptxattn.check_faults(dev, stream)
-    assert info.value.code == code, info.value
-
-
 def test_bad_offsets_lengths_and_pages_fault_and_leave_the_context_usable(rng):
     dev = ptxattn.get_device(0)
     stream = ptxattn.Stream.create(device=dev)
@@ -328,11 +199,11 @@ def test_bad_offsets_lengths_and_pages_fault_and_leave_the_context_usable(rng):
     bad_q = cu_q.copy()
     bad_q[2] = bad_q[1] - 1  # decreasing
     ptxattn.ragged_attention(*device, ptxattn.asarray(bad_q, stream), ptxattn.asarray(cu_k, stream), stream=stream)
-    _expect_fault(dev, stream, 5)
+    expect_fault(dev, stream, 5)
     bad_k = cu_k.copy()
     bad_k[-1] = k.shape[0] + 1  # past the packed keys
     ptxattn.ragged_attention(*device, ptxattn.asarray(cu_q, stream), ptxattn.asarray(bad_k, stream), stream=stream)
-    _expect_fault(dev, stream, 5)
+    expect_fault(dev, stream, 5)
 
     new, lens = mixed_step(rng, 16)
     step = PagedBatch(rng, new, lens, 8, 2, 64, 16, BF16)
@@ -342,14 +213,14 @@ def test_bad_offsets_lengths_and_pages_fault_and_leave_the_context_usable(rng):
         ptxattn.paged_attention(*[ptxattn.asarray(x, stream) for x in (step.q, step.k_pool, step.v_pool, step.qo)],
                                 ptxattn.asarray(table, stream), ptxattn.asarray(step.lens, stream),
                                 decode_queries=decode_queries, stream=stream)
-        _expect_fault(dev, stream, 1)
+        expect_fault(dev, stream, 1)
         for b, code in ((0, 2), (1, 2), (2, 4)):  # a prefill row past capacity, a decode row, a negative one
             bad = step.lens.copy()
             bad[b] = step.max_pages * 16 + 1 if code == 2 else -1
             ptxattn.paged_attention(*[ptxattn.asarray(x, stream) for x in (step.q, step.k_pool, step.v_pool, step.qo,
                                                                             step.table, bad)],
                                     decode_queries=decode_queries, stream=stream)
-            _expect_fault(dev, stream, code)
+            expect_fault(dev, stream, code)
     # The context still works and computes the right thing.
     o, lse = step.run(rng, decode_queries=4)
     check_rows(o, lse, *step.reference(), covered_rows(step.q.shape[0], step.qo), BF16)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ptxattn import reference as ref
+from ptxattn.dtypes import float8_e4m3fn, float8_e5m2
 
 HKV, DQK, DV = 2, 8, 6
 
@@ -260,3 +261,72 @@ def test_paged_rejects_bad_arguments(rng, qo, lens, bad_page):
     table = np.array([[0, 1], [-1 if bad_page else 2, 0]], dtype=np.int32)
     with pytest.raises(AssertionError):
         ref.paged_attention(rng.standard_normal((3, 4, DQK)), pool, pool, np.array(qo), table, np.array(lens))
+
+
+# ---- fp8 K/V: attention over the dequantized values --------------------------------------------
+FP8 = [float8_e4m3fn, float8_e5m2]
+
+
+def quantize(rng, x, fp8, per_token: bool):
+    """x [..., D] as fp8 and its scale (a float, or one per row of x less its last axis), and
+    the float64 values the pair stands for, worked out here independently of dequantize."""
+    scale = rng.uniform(0.01, 0.1, x.shape[:-1]).astype(np.float32) if per_token else 0.05
+    data = (x / (scale[..., None] if per_token else scale)).astype(fp8)
+    values = data.astype(np.float64) * (scale.astype(np.float64)[..., None] if per_token else scale)
+    return data, scale, values
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["per_tensor", "per_token"])
+@pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
+def test_dequantize(rng, fp8, per_token):
+    data, scale, values = quantize(rng, rng.standard_normal((5, HKV, DQK)), fp8, per_token)
+    got = ref.dequantize(data, scale)
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got, values)
+    x = rng.standard_normal((3, DQK))
+    np.testing.assert_array_equal(ref.dequantize(x), x)  # no scale: the values as they are
+
+
+@pytest.mark.parametrize("per_token", [False, True], ids=["per_tensor", "per_token"])
+@pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
+def test_ragged_fp8_is_attention_over_the_dequantized_values(rng, fp8, per_token):
+    hq, batch = 4, 5
+    lq, lk = lengths(rng, batch), lengths(rng, batch)
+    q, cu_q = pack(rng, [rng.standard_normal((n, hq, DQK)) for n in lq], front=1, back=2)
+    k, cu_k = pack(rng, [rng.standard_normal((n, HKV, DQK)) for n in lk], front=2, back=1)
+    v, _ = pack(rng, [rng.standard_normal((n, HKV, DQK)) for n in lk], front=2, back=1)
+    (k8, k_scale, k_values), (v8, v_scale, v_values) = (quantize(rng, x, fp8, per_token) for x in (k, v))
+    if per_token:  # scales of rows no sequence owns are never read
+        k_scale[:cu_k[0]] = v_scale[cu_k[-1]:] = np.nan
+    opts = dict(causal=True, window=(3, 0), softcap=2.0, sinks=rng.standard_normal(hq))
+    got = ref.ragged_attention(q, k8, v8, cu_q, cu_k, k_scale=k_scale, v_scale=v_scale, **opts)
+    covered = slice(cu_q[0], cu_q[-1])
+    want = ref.ragged_attention(q, k_values, v_values, cu_q, cu_k, **opts)
+    assert_same([x[covered] for x in got], [x[covered] for x in want])
+    assert np.all(np.isfinite(got[0])) and not np.isnan(got[1]).any()
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD", ("NHD", "HND")])
+@pytest.mark.parametrize("per_token", [False, True], ids=["per_tensor", "per_token"])
+@pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
+def test_paged_fp8_is_attention_over_the_dequantized_pools(rng, fp8, per_token, layout):
+    """fp8 pools whose unused pages hold NaN bytes (and NaN scales) against the float64 pools
+    they stand for; their result equals ragged attention over the rows' dequantized tokens."""
+    hq, batch, page, max_pages = 4, 5, 4, 3
+    lens = lengths(rng, batch, hi=page * max_pages + 1)
+    n = rng.integers(0, 5, batch)
+    pool_k, pool_v, table, keys, values = make_pools(rng, lens, page=page, max_pages=max_pages, layout=layout,
+                                                     unread="outside")
+    (k8, k_scale, k_values), (v8, v_scale, v_values) = (quantize(rng, np.nan_to_num(pool), fp8, per_token)
+                                                        for pool in (pool_k, pool_v))
+    for pool, fp8_pool, scale in ((pool_k, k8, k_scale), (pool_v, v8, v_scale)):
+        unused = np.isnan(pool).any(axis=-1)
+        fp8_pool[unused] = np.nan
+        if per_token:
+            scale[unused] = np.nan
+    k_values[np.isnan(pool_k)] = v_values[np.isnan(pool_v)] = np.nan
+    q, qo = pack(rng, [rng.standard_normal((m, hq, DQK)) for m in n], front=1)
+    opts = dict(window=(5, 0), scale=0.5, sinks=rng.standard_normal(hq))
+    got = ref.paged_attention(q, k8, v8, qo, table, lens, layout=layout, k_scale=k_scale, v_scale=v_scale, **opts)
+    assert_same(got, ref.paged_attention(q, k_values, v_values, qo, table, lens, layout=layout, **opts))
+    assert np.all(np.isfinite(got[0]))

@@ -10,6 +10,7 @@ import pytest
 import ptxattn
 from ptxattn import DeviceArray, Device
 
+E4M3, E5M2 = ptxattn.dtypes.float8_e4m3fn, ptxattn.dtypes.float8_e5m2
 FAKE_DEVICE = Device(ordinal=0, name="validation-only", compute_capability=(9, 0), sm_count=132,
                      total_memory=0, max_shared_per_block_optin=232448, l2_bytes=0)
 BF16 = ptxattn.bfloat16
@@ -71,6 +72,64 @@ def test_ragged_refuses(over, error, message):
         ragged(**over)
 
 
+def fp8_ragged(dtype=E4M3, **over):
+    """ragged() over fp8 k / v of `dtype` with per-tensor scales, unless `over` says otherwise."""
+    return ragged(**{"k": host((NK, HKV, D), dtype), "v": host((NK, HKV, D), dtype), "k_scale": 0.5,
+                     "v_scale": 0.25, **over})
+
+
+@pytest.mark.parametrize("over, error, message", [
+    (dict(v=host((NK, HKV, D))), TypeError, "ragged_attention: v must have k's dtype float8_e4m3fn, got float16"),
+    (dict(v=host((NK, HKV, D), E5M2)), TypeError, "v must have k's dtype float8_e4m3fn, got float8_e5m2"),
+    (dict(q=host((NQ, HQ, D), np.float32)), TypeError,
+     "ragged_attention: q must be float16 or bfloat16 with float8_e4m3fn caches, got float32"),
+    (dict(q=host((NQ, HQ, D), E4M3)), TypeError, "ragged_attention: q must be float16, bfloat16 or float32, got "
+                                                 "float8_e4m3fn"),
+    (dict(k_scale=None), TypeError, "ragged_attention: k_scale is required with a float8_e4m3fn k: a positive "
+                                    r"number .* or a float32 array of shape \(60, 2\)"),
+    (dict(v_scale=None), TypeError, "v_scale is required with a float8_e4m3fn v"),
+    (dict(k_scale=0.0), ValueError, "ragged_attention: k_scale must be finite and > 0, got 0.0"),
+    (dict(v_scale=float("nan")), ValueError, "v_scale must be finite and > 0, got nan"),
+    (dict(k_scale=True), TypeError, "k_scale must be a positive number or a float32 array, got bool"),
+    (dict(k_scale=np.ones((NK, HKV + 1), np.float32)), TypeError,
+     r"k_scale must be float32 of shape \(60, 2\) \(k's shape less its last axis, layout token-major\), got "
+     r"float32 \(60, 3\)"),
+    (dict(v_scale=np.ones((NK, HKV), np.float64)), TypeError, r"v_scale must be float32 of shape \(60, 2\)"),
+    (dict(q=host((NQ, HQ, 96)), k=host((NK, HKV, 96), E4M3), v=host((NK, HKV, 96), E4M3)), TypeError,
+     r"ragged_attention: float8_e4m3fn k and v are read for head dims Dqk = Dv in \(64, 128\), got Dqk=96, Dv=96"),
+    (dict(v=host((NK, HKV, 128), E4M3)), TypeError, r"head dims Dqk = Dv in \(64, 128\), got Dqk=64, Dv=128"),
+    (dict(k=host((NK, HKV, 24), E4M3), q=host((NQ, HQ, 24))), ValueError,
+     "k's last axis must be a positive multiple of 16 for float8_e4m3fn"),
+])
+def test_ragged_refuses_bad_fp8(over, error, message):
+    with pytest.raises(error, match=message):
+        fp8_ragged(**over)
+
+
+def test_ragged_refuses_scales_without_fp8():
+    with pytest.raises(TypeError, match="ragged_attention: k_scale applies to float8 caches only, and k is float16"):
+        ragged(k_scale=1.0)
+    with pytest.raises(TypeError, match="v_scale applies to float8 caches only, and v is float16"):
+        ragged(v_scale=np.ones((NK, HKV), np.float32))
+    with pytest.raises(TypeError, match=r"q, k and v must share a dtype \(or k and v one fp8 type\)"):
+        ragged(v=host((NK, HKV, D), BF16))
+
+
+def test_ragged_fp8_device_arrays_refused_before_device_work():
+    k = dev((NK, HKV, D), E4M3, strides=(HKV * D + 8, D, 1))  # 136-byte token stride: rows off 16-byte alignment
+    with pytest.raises(ValueError, match="ragged_attention: k must start on a 16-byte boundary and have strides"):
+        ptxattn.ragged_attention(dev((NQ, HQ, D)), k, dev((NK, HKV, D), E4M3), dev((3,), np.int32),
+                                 dev((3,), np.int32), k_scale=1.0, v_scale=1.0)
+    with pytest.raises(TypeError, match=r"k_scale must be float32 of shape \(60, 2\)"):
+        ptxattn.ragged_attention(dev((NQ, HQ, D)), dev((NK, HKV, D), E4M3), dev((NK, HKV, D), E4M3),
+                                 dev((3,), np.int32), dev((3,), np.int32), k_scale=dev((NK,), np.float32),
+                                 v_scale=1.0)
+    with pytest.raises(ValueError, match="k_scale must have non-negative strides"):
+        ptxattn.ragged_attention(dev((NQ, HQ, D)), dev((NK, HKV, D), E4M3), dev((NK, HKV, D), E4M3),
+                                 dev((3,), np.int32), dev((3,), np.int32),
+                                 k_scale=dev((NK, HKV), np.float32, strides=(-8, 4)), v_scale=1.0)
+
+
 def test_ragged_missing_offsets_are_named():
     with pytest.raises(TypeError, match="ragged_attention: cu_seqlens_k is required, got None"):
         ragged(cu_seqlens_k=None)
@@ -89,8 +148,6 @@ def test_ragged_device_arrays_refused_before_device_work():
     (dict(q=host((NQ, HQ, D), np.float32)), TypeError, "q must have k_pool's dtype float16, got float32"),
     (dict(q=host((NQ, HQ, 32))), ValueError, r"q's Dqk \(32\) must equal k_pool's D \(64\)"),
     (dict(q=host((NQ, 3, D))), ValueError, "Hq must be a multiple of Hkv, got Hq=3"),
-    (dict(k_pool=host((PAGES, HKV, PAGE, D), ptxattn.dtypes.float8_e4m3fn)), TypeError,
-     "k_pool is float8_e4m3fn: fp8 pools are read by decode and paged_decode, not yet by paged_attention"),
     (dict(v_pool=host((PAGES, HKV, 8, D))), ValueError, "same number of pages and page size"),
     (dict(qo_indptr=np.array([0, 40], np.int32)), ValueError, r"block_table must have shape \(B=1"),
     (dict(block_table=np.zeros((2, 4), np.int64)), TypeError, "block_table must be int32, got int64"),
@@ -110,6 +167,85 @@ def test_ragged_device_arrays_refused_before_device_work():
 def test_paged_refuses(over, error, message):
     with pytest.raises(error, match=message):
         paged(**over)
+
+
+def fp8_paged(dtype=E4M3, layout="HND", **over):
+    """paged() over fp8 pools of `dtype` with per-token scales, unless `over` says otherwise."""
+    shape = (PAGES, HKV, PAGE, D) if layout == "HND" else (PAGES, PAGE, HKV, D)
+    scales = np.ones(shape[:3], np.float32)
+    return paged(**{"k_pool": host(shape, dtype), "v_pool": host(shape, dtype), "k_scale": scales,
+                    "v_scale": scales, "layout": layout, **over})
+
+
+@pytest.mark.parametrize("over, error, message", [
+    (dict(v_pool=host((PAGES, HKV, PAGE, D))), TypeError,
+     "paged_attention: v_pool must have k_pool's dtype float8_e4m3fn, got float16"),
+    (dict(v_pool=host((PAGES, HKV, PAGE, D), E5M2)), TypeError,
+     "v_pool must have k_pool's dtype float8_e4m3fn, got float8_e5m2"),
+    (dict(q=host((NQ, HQ, D), BF16), k_pool=host((PAGES, HKV, PAGE, D), BF16)), TypeError,
+     "v_pool must have k_pool's dtype bfloat16, got float8_e4m3fn"),
+    (dict(q=host((NQ, HQ, D), np.float32)), TypeError,
+     "paged_attention: q must be float16 or bfloat16 with float8_e4m3fn caches, got float32"),
+    (dict(q=host((NQ, HQ, D), E5M2)), TypeError, "paged_attention: q must be float16, bfloat16 or float32"),
+    (dict(k_scale=None), TypeError, r"paged_attention: k_scale is required with a float8_e4m3fn k_pool: .* "
+                                    r"shape \(12, 2, 16\) \(one per token and kv head\), got None"),
+    (dict(v_scale=-1.0), ValueError, "paged_attention: v_scale must be finite and > 0, got -1.0"),
+    (dict(k_scale=np.ones((PAGES, PAGE, HKV), np.float32)), TypeError,
+     r"k_scale must be float32 of shape \(12, 2, 16\) \(k_pool's shape less its last axis, layout HND\), got "
+     r"float32 \(12, 16, 2\)"),
+    (dict(layout="NHD", v_scale=np.ones((PAGES, HKV, PAGE), np.float32)), TypeError,
+     r"v_scale must be float32 of shape \(12, 16, 2\) \(v_pool's shape less its last axis, layout NHD\)"),
+    (dict(k_scale=np.ones((PAGES, HKV, PAGE), np.float16)), TypeError, r"k_scale must be float32 of shape"),
+    (dict(q=host((NQ, HQ, 32)), k_pool=host((PAGES, HKV, PAGE, 32), E4M3), v_pool=host((PAGES, HKV, PAGE, 32), E4M3)),
+     TypeError, r"paged_attention: float8_e4m3fn k_pool and v_pool are read for head dims Dqk = Dv in \(64, 128\), "
+                r"got Dqk=32, Dv=32"),
+    (dict(v_pool=host((PAGES, HKV, PAGE, 128), E4M3)), TypeError, r"got Dqk=64, Dv=128"),
+    (dict(decode_queries=4, v_scale=0.0), ValueError, "v_scale must be finite and > 0"),
+])
+def test_paged_refuses_bad_fp8(over, error, message):
+    with pytest.raises(error, match=message):
+        fp8_paged(**over)
+
+
+def test_paged_refuses_scales_without_fp8():
+    with pytest.raises(TypeError, match="paged_attention: k_scale applies to float8 caches only, and k_pool is "
+                                        "float16; got k_scale=1.0"):
+        paged(k_scale=1.0)
+    with pytest.raises(TypeError, match="v_scale applies to float8 caches only, and v_pool is float16"):
+        paged(v_scale=np.ones((PAGES, HKV, PAGE), np.float32))
+
+
+def test_fp8_plans():
+    """fp8 K/V run the general fp8 kernels whatever the options: wgmma on sm_90a devices with
+    aligned tensors, else flash_fwd_fp8's mma.sync ones; their shapes are the general tiles'."""
+    from ptxattn.ops import attention
+
+    sm90 = attention.plan_kernel(BF16, 128, 128, False, True, fp8=True)
+    assert (sm90.kernel, sm90.rows, sm90.threads) == ("flash_fwd_sm90_bf16_d128_general_fp8", 128, 256)
+    assert sm90.shared == attention.plan_kernel(BF16, 128, 128, True, True).shared
+    assert attention.plan_kernel(np.dtype(np.float16), 64, 64, True, True, paged=True, fp8=True).kernel == \
+        "flash_fwd_sm90_f16_d64_general_fp8"
+    mma = attention.plan_kernel(np.dtype(np.float16), 64, 64, False, False, paged=True, fp8=True)
+    general = attention.plan_kernel(np.dtype(np.float16), 64, 64, True, False)
+    assert mma.kernel == "flash_fwd_f16_d64_general_fp8" and (mma.rows, mma.threads, mma.shared) == \
+        (general.rows, general.threads, general.shared)
+
+
+def test_paged_fp8_workspace_plans_decode_over_fp8():
+    """fp8 pools: the decode rows' part of the workspace is decode's fp8 plan."""
+    from ptxattn.ops.decode import plan_decode
+
+    q, pool = dev((NQ, HQ, D)), dev((PAGES, HKV, PAGE, D), E5M2)
+    qo, table = dev((3,), np.int32), dev((2, MAX_PAGES), np.int32)
+    plan = plan_decode(batch=2, hq=HQ, hkv=HKV, sq=4, dqk=D, dv=D, capacity=MAX_PAGES * PAGE, dtype=np.float16,
+                       cache_dtype=E5M2, sm_count=132, max_shared=232448)
+    rows = 2 * HQ * 4
+
+    def up(n):
+        return -(-n // 256) * 256
+
+    assert ptxattn.paged_attention_workspace_bytes(q, pool, pool, qo, table, decode_queries=4, device=FAKE_DEVICE) == \
+        up(rows * D * 2) * 2 + up(2 * 4) + up(plan.workspace_bytes)
 
 
 def test_paged_pages_past_a_length_are_not_checked():

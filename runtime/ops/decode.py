@@ -27,7 +27,7 @@ from .checks import (ATTENTION_DTYPES, MAX_GRID_YZ, check_attention_dtype, check
                      check_index_array, check_output, check_rank, check_row_bytes, check_same_dtype, check_sinks,
                      parse_layout, parse_scale, parse_softcap, parse_window, require, check_workspace_size,
                      check_workspace_type)
-from .fp8 import KERNEL_NAMES, KvScale, is_fp8, parse_kv_scale, scale_strides
+from .fp8 import KERNEL_NAMES, KvScale, is_fp8, parse_kv_scales, scale_strides
 from .kv_cache import CacheShape, cache_shape, cache_strides
 from .merge import bind_merge
 from .prepared import Op
@@ -239,11 +239,10 @@ def check_head_dims(op: str, q, v: CacheShape, cache_dtype=None) -> None:
                          f"{f' with {np.dtype(cache_dtype)} caches' if kv else ''}, got Dqk={dqk}, Dv={v.dim}")
 
 
-def check_cache_dtypes(op: str, a: dict, src: KvSource) -> np.dtype | None:
-    """K and V hold q's dtype, or one fp8 type (then q is float16 or bfloat16): that fp8 dtype,
-    else None."""
+def check_cache_dtypes(op: str, a: dict, k_name: str, v_name: str) -> np.dtype | None:
+    """K and V (the arguments of those names) hold q's dtype, or one fp8 type (then q is float16
+    or bfloat16): that fp8 dtype, else None."""
     q = a["q"]
-    k_name, v_name = src.names[:2]
     fp8 = is_fp8(a[k_name].dtype) or is_fp8(a[v_name].dtype)
     if fp8:
         check_same_dtype(op, v_name, a[v_name], k_name, a[k_name])
@@ -282,12 +281,10 @@ def validate_decode(op: str, a: dict, src: KvSource, scale, softcap, window, ret
     require(op, src.names[0], a[src.names[0]])
     require(op, src.names[1], a[src.names[1]])
     check_query(op, q, src.k, src.v)
-    cache_dtype = check_cache_dtypes(op, a, src)
+    cache_dtype = check_cache_dtypes(op, a, *src.names[:2])
     check_head_dims(op, q, src.v, cache_dtype)
-    k_scale, v_scale = (
-        parse_kv_scale(op, name, a[name] if a[name] is not None else value, a[cache], cache, layout)
-        for name, value, cache, layout in (("k_scale", k_scale, src.names[0], src.k_layout),
-                                           ("v_scale", v_scale, src.names[1], src.v_layout)))
+    k_scale, v_scale = parse_kv_scales(op, a, k_scale, v_scale, (src.names[0], src.k_layout),
+                                       (src.names[1], src.v_layout))
     batch, hq, sq, dqk = q.shape
     require(op, "seq_lens", a["seq_lens"])
     check_index_array(op, "seq_lens", a["seq_lens"], (batch,))

@@ -15,10 +15,12 @@ import numpy as np
 from ..dtypes import float8_e4m3fn, float8_e5m2
 from .checks import check_nonnegative_strides, is_real
 
-__all__ = ["FP8_MAX", "KERNEL_NAMES", "KvScale", "is_fp8", "parse_kv_scale", "scale_strides"]
+__all__ = ["FP8_MAX", "KERNEL_NAMES", "KV_FP8_CODES", "KvScale", "is_fp8", "parse_kv_scale", "parse_kv_scales",
+           "scale_strides"]
 
 FP8_MAX = {float8_e4m3fn: 448.0, float8_e5m2: 57344.0}  # the largest finite values
 KERNEL_NAMES = {float8_e4m3fn: "e4m3", float8_e5m2: "e5m2"}  # as in cu/variants.json
+KV_FP8_CODES = {float8_e4m3fn: 1, float8_e5m2: 2}  # Fp8Kind in cu/fp8.cuh (the sdpa tile kernels)
 
 
 def is_fp8(dtype) -> bool:
@@ -59,6 +61,15 @@ def parse_kv_scale(op: str, name: str, value, cache, cache_name: str, layout: st
                         f"layout {layout}), got {value.dtype} {tuple(value.shape)}")
     check_nonnegative_strides(op, name, value)
     return KvScale(per_token=True)
+
+
+def parse_kv_scales(op: str, a: dict, k_scale, v_scale, k: tuple[str, str],
+                    v: tuple[str, str]) -> tuple[KvScale | None, KvScale | None]:
+    """parse_kv_scale of k_scale and v_scale for the K and V arguments named k[0] / v[0] (of
+    layouts k[1] / v[1]): k_scale / v_scale are the number options, None where the array
+    argument of that name carries the scales."""
+    return tuple(parse_kv_scale(op, name, a[name] if a[name] is not None else value, a[cache], cache, layout)
+                 for name, value, (cache, layout) in (("k_scale", k_scale, k), ("v_scale", v_scale, v)))
 
 
 def scale_strides(arr, layout: str) -> tuple[int, int, int]:
