@@ -234,6 +234,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   __shared__ SeqTile tile_info;
   __shared__ int tile_found;
   __shared__ int page_ids[2][KEYS];  // paged pools: a tile's page ids, two tiles in flight
+  __shared__ float key_scales[2][2][FP8 ? KEYS : 1];  // fp8: each stage's keys' K and V scales
   if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;
   const TileRef st{tile_info};
   const int m0 = st.m0();
@@ -254,9 +255,11 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
     if constexpr (FP8) {
       const unsigned k_dst = k_addr(stage), v_dst = v_addr(stage);
       load_fp8_tile<T, KEYS, D, THREADS>(p, fp8_rows<false>(p, hk), st.b(), st.k_tok0(), n0, seq_kv - n0,
-                                         [&](int r, int c) { return k_dst + sw128_offset<KEYS>(r, c); });
+                                         [&](int r, int c) { return k_dst + sw128_offset<KEYS>(r, c); },
+                                         key_scales[stage][0]);
       load_fp8_tile<T, KEYS, D, THREADS>(p, fp8_rows<true>(p, hk), st.b(), st.k_tok0(), n0, seq_kv - n0,
-                                         [&](int r, int c) { return v_dst + sw128_offset<KEYS>(r, c); });
+                                         [&](int r, int c) { return v_dst + sw128_offset<KEYS>(r, c); },
+                                         key_scales[stage][1]);
       return;
     }
     if constexpr (PAGED) {
@@ -329,6 +332,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       // causal/window range or past Skv are cut, on the tiles that have any.
       const int n0 = t * KEYS, seq_kv = st.seq_kv();
       const KeyWindow win = st.window(p);
+      if constexpr (FP8) scale_by_key<KEYS / 8>(s, key_scales[stage][0], lane);
       if constexpr (GENERAL) general_scores<KEYS / 8>(s, p, st.b(), h, my_row, st.seq_q(), n0 + 2 * (lane & 3), seq_kv);
       if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
           n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
@@ -372,6 +376,8 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
         }
         row_sum[r] = row_sum[r] * alpha + sum;
       }
+
+      if constexpr (FP8) scale_by_key<KEYS / 8>(s, key_scales[stage][1], lane);  // row sums taken: V's scales into P
 
       // O += P V: keys 16 kk .. 16 kk + 15 are n8 blocks 2 kk and 2 kk + 1 of S. Every
       // A fragment is packed before the first wgmma, so one fence covers them all.

@@ -132,6 +132,8 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   __shared__ SeqTile tile_info;
   __shared__ int tile_found;
   if (!resolve_tile<BR>(p, tile_info, tile_found)) return;
+  // fp8: each stage's keys' K and V scales.
+  __shared__ float key_scales[STAGES][2][FP8 ? BC : 1];
   const TileRef st{tile_info};
   const int m0 = st.m0();
   const int h = blockIdx.y;
@@ -151,9 +153,11 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
     if constexpr (FP8) {  // packed or paged alike
       const unsigned k_addr = smem_u32(sk), v_addr = k_addr + BC * DQK * 2;
       load_fp8_tile<T, BC, DQK, NT>(p, fp8_rows<false>(p, hk), b, st.k_tok0(), n0, seq_kv - n0,
-                                    [&](int r, int c) { return k_addr + lane_offset<DQK>(r, c); });
+                                    [&](int r, int c) { return k_addr + lane_offset<DQK>(r, c); },
+                                    key_scales[stage][0]);
       load_fp8_tile<T, BC, DV, NT>(p, fp8_rows<true>(p, hk), b, st.k_tok0(), n0, seq_kv - n0,
-                                   [&](int r, int c) { return v_addr + lane_offset<DV>(r, c); });
+                                   [&](int r, int c) { return v_addr + lane_offset<DV>(r, c); },
+                                   key_scales[stage][1]);
       return;
     }
     if (p.block_table != nullptr) {  // paged: the batch strides step pages
@@ -272,6 +276,10 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       // (causal/window diagonal, Skv end).
       const int seq_kv = st.seq_kv();
       const KeyWindow win = st.window(p);
+      if constexpr (FP8) {
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) scale_by_key<STILES>(&s[mt][0][0], key_scales[i % STAGES][0], lane);
+      }
       if constexpr (GENERAL) {
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt)
@@ -324,6 +332,11 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
             acc[mt][d][2 * r + 1] *= alpha;
           }
         }
+
+      if constexpr (FP8) {  // the row sums are taken: V's scales go into P
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) scale_by_key<STILES>(&s[mt][0][0], key_scales[i % STAGES][1], lane);
+      }
 
       // O += P V: the accumulator layout of two n8 score tiles is the A layout of one k16.
 #pragma unroll

@@ -273,9 +273,11 @@ def paged_kv_append_fp8(k_new, v_new, k_pool, v_pool, slot_mapping, *, layout="H
     return k, v, *scales
 
 
-def dequantize_fp8(cache, scale) -> np.ndarray:
+def dequantize_fp8(cache, scale=None) -> np.ndarray:
     """The float64 values an fp8 cache stands for: x * scale (a float, or per token: the
-    cache's shape less its last axis)."""
+    cache's shape less its last axis); without a scale (a cache of q's dtype), x as it is."""
+    if scale is None:
+        return np.asarray(cache)
     scale = np.asarray(scale, np.float64)
     return np.asarray(cache).astype(np.float64) * (scale[..., None] if scale.ndim else scale)
 
@@ -307,16 +309,7 @@ def merge_states(o_states, lse_states, sinks=None):
 # Packed token-major q [Nq, Hq, Dqk], k [Nk, Hkv, Dqk], v [Nk, Hkv, Dv] -> o [Nq, Hq, Dv],
 # lse [Nq, Hq]. Each sequence is one sdpa (bottom-right aligned); rows outside every
 # sequence get o = 0, lse = -inf. Offsets, lengths and block tables are host integers.
-# fp8 K/V (or pools) come with a scale each: x stands for x * scale (dequantize).
-
-
-def dequantize(x, scale=None) -> np.ndarray:
-    """The values an fp8 array stands for, in float64: x * scale, scale a number or an array
-    shaped like x less its last axis (one per token and kv head); without a scale, x as it is."""
-    if scale is None:
-        return np.asarray(x)
-    scale = np.asarray(scale, np.float64)
-    return np.asarray(x).astype(np.float64) * (scale[..., None] if scale.ndim else scale)
+# fp8 K/V (or pools) come with a scale each: x stands for x * scale (dequantize_fp8).
 
 
 def _offsets(cu, n: int, name: str) -> np.ndarray:
@@ -346,7 +339,7 @@ def ragged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, windo
     window aligned bottom-right (query i's diagonal is i + Lk - Lq), scale / softcap / sinks
     as in sdpa; fp8 k / v are dequantized with k_scale / v_scale (a number, or [Nk, Hkv]).
     Returns (o [Nq, Hq, Dv], lse [Nq, Hq]); uncovered rows: o = 0, lse = -inf."""
-    q, k, v = np.asarray(q), dequantize(k, k_scale), dequantize(v, v_scale)
+    q, k, v = np.asarray(q), dequantize_fp8(k, k_scale), dequantize_fp8(v, v_scale)
     cu_q = _offsets(cu_seqlens_q, q.shape[0], "cu_seqlens_q")
     cu_k = _offsets(cu_seqlens_k, k.shape[0], "cu_seqlens_k")
     assert cu_q.size == cu_k.size, "cu_seqlens_q and cu_seqlens_k must both have B+1 entries"
@@ -369,7 +362,7 @@ def paged_attention(q, k_pool, v_pool, qo_indptr, block_table, seq_lens, *, layo
     v_scale (a number, or shaped like the pool less its last axis). Only the pages a row reads
     are looked up. Returns (o [Nq, Hq, Dv], lse [Nq, Hq]); uncovered rows: o = 0, lse = -inf."""
     q, table = np.asarray(q), np.asarray(block_table)
-    k_pool, v_pool = dequantize(k_pool, k_scale), dequantize(v_pool, v_scale)
+    k_pool, v_pool = dequantize_fp8(k_pool, k_scale), dequantize_fp8(v_pool, v_scale)
     k_layout, v_layout = (layout, layout) if isinstance(layout, str) else layout
     qo = _offsets(qo_indptr, q.shape[0], "qo_indptr")
     lens = np.asarray(seq_lens).astype(np.int64)

@@ -7,6 +7,7 @@ paged_attention call against the best split into separate calls.
   beside our dense sdpa at B4 H32 S4096 causal in the same run.
 - paged16 / paged64: paged_attention (decode_queries=0) over the same sequences in shuffled
   pools of 16- and 64-token pages; the ratio is ragged time over paged time.
+- fp8: the ragged call over the same K/V quantized to e4m3 with per-token scales, beside bf16.
 - mixed: Hq32 Hkv8, 2 prefill chunks of 2048 new tokens (2048 cached before them) and 62
   decode rows of one query, every sequence at 4096 keys, pages of 16: one paged_attention call
   (eager, and its replayed graph) against paged_attention over the chunks plus paged_decode
@@ -116,7 +117,31 @@ def _ragged_rows(rng, repeat: int) -> list[dict]:
                                                               int(lengths[0])),
                      "chart": {"unit": "TFLOP/s", "series": {"ragged": ragged_tflops, "paged": tflops}}})
         del pools
-    return rows
+    return rows + [_fp8_ragged_row(q, k, v, lengths, ragged_ms, live_flops, repeat)]
+
+
+def _fp8_ragged_row(q, k, v, lengths, bf16_ms: float, live_flops: float, repeat: int) -> dict:
+    """The ragged row's call over e4m3 K/V with per-token scales (as the quantizing append
+    writes them), beside its bf16 time."""
+    fp8 = ptxattn.dtypes.float8_e4m3fn
+    (k8, k_scale), (v8, v_scale) = ((reference.quantize_fp8(x, scale[..., None], fp8), scale)
+                                    for x in (k, v) for scale in [reference.fp8_token_scales(x, fp8)])
+    cu = _offsets(lengths)
+    dq, dk, dv, dcu, dks, dvs = (upload(x) for x in (q, k8, v8, cu, k_scale, v_scale))
+    out = ptxattn.empty(q.shape, BF16)
+
+    def ragged(i):
+        ptxattn.ragged_attention(dq, dk, dv, dcu, dcu, causal=True, k_scale=dks, v_scale=dvs, out=out,
+                                 stream=stream())
+
+    ms = time_ms(ragged, repeat=repeat)
+    ragged(0)
+    n0 = int(lengths[0])
+    keys = (reference.dequantize_fp8(x, s) for x, s in ((k8, k_scale), (v8, v_scale)))
+    return {"shape": "ragged over e4m3 K/V (per-token scales), the same sequences", "ptxattn_ms": ms,
+            "ptxattn_tflops": live_flops / (ms * 1e-3) / 1e12, "ratio_vs_bf16": bf16_ms / ms,
+            "rel_err_vs_reference": _check_last_rows(q, *keys, out.get(stream()), 0, 0, n0, n0),
+            "chart": {"unit": "ms", "series": {"bf16": bf16_ms, "e4m3": ms}}}
 
 
 def _mixed_row(rng, repeat: int) -> dict:

@@ -269,7 +269,7 @@ FP8 = [float8_e4m3fn, float8_e5m2]
 
 def quantize(rng, x, fp8, per_token: bool):
     """x [..., D] as fp8 and its scale (a float, or one per row of x less its last axis), and
-    the float64 values the pair stands for, worked out here independently of dequantize."""
+    the float64 values the pair stands for, worked out here independently of dequantize_fp8."""
     scale = rng.uniform(0.01, 0.1, x.shape[:-1]).astype(np.float32) if per_token else 0.05
     data = (x / (scale[..., None] if per_token else scale)).astype(fp8)
     values = data.astype(np.float64) * (scale.astype(np.float64)[..., None] if per_token else scale)
@@ -280,11 +280,11 @@ def quantize(rng, x, fp8, per_token: bool):
 @pytest.mark.parametrize("fp8", FP8, ids=["e4m3", "e5m2"])
 def test_dequantize(rng, fp8, per_token):
     data, scale, values = quantize(rng, rng.standard_normal((5, HKV, DQK)), fp8, per_token)
-    got = ref.dequantize(data, scale)
+    got = ref.dequantize_fp8(data, scale)
     assert got.dtype == np.float64
     np.testing.assert_array_equal(got, values)
     x = rng.standard_normal((3, DQK))
-    np.testing.assert_array_equal(ref.dequantize(x), x)  # no scale: the values as they are
+    np.testing.assert_array_equal(ref.dequantize_fp8(x), x)  # no scale: the values as they are
 
 
 @pytest.mark.parametrize("per_token", [False, True], ids=["per_tensor", "per_token"])

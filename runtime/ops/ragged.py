@@ -408,9 +408,9 @@ def ragged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, windo
     fp8 k and v (one of float8_e4m3fn, float8_e5m2; q float16 or bfloat16; Dqk = Dv = 64 or
     128; 16-byte rows) hold x standing for x * scale: k_scale and v_scale are required, each a
     positive number (one scale for the tensor) or float32 [Nk, Hkv] (one per token and kv
-    head). Each value becomes q's dtype as its tile loads (x * scale in fp32, rounded once), so
-    the result matches the float64 attention over the dequantized k / v to the accuracy of q's
-    dtype. An e4m3fn NaN byte (0x7f) reads as NaN on sm_89 and newer, as 480 before.
+    head). Each value becomes q's dtype exactly as its tile loads; the scales multiply the
+    scores (k) and the probabilities (v) in fp32, so the result matches the float64 attention
+    over the dequantized k / v to the accuracy of q's dtype. An e4m3fn NaN byte (0x7f) reads as NaN on sm_89 and newer, as 480 before.
     """
     return _RAGGED((q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, k_scale, v_scale, out, out_lse),
                    (causal, window, scale, softcap, return_lse, k_scale, v_scale), stream)
@@ -438,9 +438,8 @@ def paged_attention(q, k_pool, v_pool, qo_indptr, block_table, seq_lens, *, layo
 
     fp8 pools take k_scale / v_scale as paged_decode does (a positive number, or float32 shaped
     like the pool less its last axis: [pages, Hkv, page_size] for "HND"), with q float16 or
-    bfloat16 and Dqk = Dv = 64 or 128. Decode rows run decode's fp8 kernel; prefill tiles turn
-    each value into q's dtype as it loads (x * scale in fp32, rounded once), as
-    ragged_attention does.
+    bfloat16 and Dqk = Dv = 64 or 128. Decode rows run decode's fp8 kernel; prefill tiles read
+    fp8 as ragged_attention does.
     """
     return _PAGED((q, k_pool, v_pool, qo_indptr, block_table, seq_lens, sinks, k_scale, v_scale, out, out_lse,
                    workspace), (layout, window, scale, softcap, return_lse, decode_queries, k_scale, v_scale), stream)
