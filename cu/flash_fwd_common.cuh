@@ -271,7 +271,7 @@ __device__ __forceinline__ void load_fp8_tile(const FlashFwdParams& p, const Fp8
 
 // A thread's values of one tile row pair in mma accumulator layout (s[4j + 2r + c]: key
 // 8j + 2 (lane & 3) + c of the tile) times their keys' scales (key_scales: the tile's, in
-// order): K's on the raw scores, V's on the probabilities.
+// order, 8-byte aligned): K's on the raw scores, V's on the probabilities.
 template <int N8>
 __device__ __forceinline__ void scale_by_key(float* s, const float* key_scales, int lane) {
 #pragma unroll

@@ -234,7 +234,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   __shared__ SeqTile tile_info;
   __shared__ int tile_found;
   __shared__ int page_ids[2][KEYS];  // paged pools: a tile's page ids, two tiles in flight
-  __shared__ float key_scales[2][2][FP8 ? KEYS : 1];  // fp8: each stage's keys' K and V scales
+  __shared__ __align__(16) float key_scales[2][2][FP8 ? KEYS : 1];  // fp8: each stage's keys' K and V scales
   if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;
   const TileRef st{tile_info};
   const int m0 = st.m0();

@@ -133,7 +133,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   __shared__ int tile_found;
   if (!resolve_tile<BR>(p, tile_info, tile_found)) return;
   // fp8: each stage's keys' K and V scales.
-  __shared__ float key_scales[STAGES][2][FP8 ? BC : 1];
+  __shared__ __align__(16) float key_scales[STAGES][2][FP8 ? BC : 1];
   const TileRef st{tile_info};
   const int m0 = st.m0();
   const int h = blockIdx.y;
