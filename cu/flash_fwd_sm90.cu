@@ -3,15 +3,17 @@
 // Serves the calls flash_fwd.cu's mma.sync kernels serve (plain kernels: no mask, no
 // softcap, scale > 0; general kernels: the rest; causal/window, sinks, GQA, LSE, serving
 // batches all apply) when Dqk = Dv = 64 or 128 and the host vouched for 16-byte alignment
-// (vector_io); its _fp8 kernels serve fp8 K/V, as flash_fwd_fp8.cu's do. Same parameters and semantics; its query blocks are 64 * GROUPS rows (grid
-// x), and the summation order differs from mma.sync's.
+// (vector_io); its _fp8 kernels serve fp8 K/V, as flash_fwd_fp8.cu's do. Same parameters
+// and semantics; its query blocks are 64 * GROUPS rows (grid x), and the summation order
+// differs from mma.sync's.
 //
 // A CTA is GROUPS warpgroups over 64 * GROUPS query rows, 64 a warpgroup (wgmma's M).
 // Q, K and V tiles live in shared memory in wgmma's 128-byte-swizzle layout: a [rows][D]
 // b16 tile is D / 64 [rows][64] halves of 128-byte rows, the 16-byte chunk c of row r
 // stored at c ^ (r & 7), every half 1024-byte aligned. All threads stream the next
-// 128-key K/V tile with cp.async (fp8: plain loads converted to the input dtype,
-// flash_fwd_common.cuh) while the warpgroups compute on the current one:
+// 128-key K/V tile with cp.async (fp8: the bytes of the tile after it, converted to the
+// input dtype when the next tile's stage frees: stage_fp8_rows) while the warpgroups
+// compute on the current one:
 //   S = Q K^T   wgmma m64n128k16, A (Q) and B (K) from shared memory, both K-major
 //   online softmax on S in registers (exp2, scale folded in), O rescaled
 //   O += P V    wgmma m64nDk16, A = P rounded to the input dtype in registers (the
@@ -39,8 +41,9 @@ struct Sm90Tile {
   static constexpr int Q_BYTES = Q_HALF * (D / 64);
   static constexpr int KV_BYTES = KV_HALF * (D / 64);
   static constexpr int SHARED = Q_BYTES + 4 * KV_BYTES + 1024;
+  static constexpr int FP8_STAGING = 2 * KEYS * D;  // fp8 kernels: the next tile's K and V bytes, after the rest
   static_assert(D == 64 || D == 128, "head dim");
-  static_assert(SHARED <= 227 * 1024, "sm_90 opt-in shared memory per block");
+  static_assert(SHARED + FP8_STAGING <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
 };
 
 // ---- wgmma wrappers ----------------------------------------------------------------
@@ -214,6 +217,55 @@ __device__ __forceinline__ void load_paged_kv(unsigned k_dst, unsigned v_dst, co
   }
 }
 
+// fp8 K/V: a tile's bytes (and per-token scales) are cp.async'ed a tile ahead into a staging
+// area of plain [KEYS][D]-byte rows, then converted (fp8x8_as) into the swizzled T stage the
+// warpgroups read next. Thread t stages and converts the same 16-byte chunks (t + k * THREADS)
+// and row scales, so no barrier sits between the two: cp.async.wait_group alone makes a
+// thread's own copies visible to it. Rows from rows_valid on, and those of a page outside
+// the pool (reported), stage as zeros with scale 0.
+template <int KEYS, int D, int THREADS>
+__device__ __forceinline__ void stage_fp8_rows(unsigned staging, float* scales, const FlashFwdParams& p,
+                                               const Fp8Rows& g, int b, long long k_tok0, int n0, int rows_valid) {
+  constexpr int kChunksPerRow = D / 16;
+  static_assert(KEYS * kChunksPerRow % THREADS == 0, "every thread stages as many chunks");
+#pragma unroll
+  for (int k = 0; k < KEYS * kChunksPerRow / THREADS; ++k) {
+    const int i = threadIdx.x + k * THREADS, r = i / kChunksPerRow, c = i % kChunksPerRow;
+    long long page = b, tok = k_tok0 + n0 + r;
+    bool read = r < rows_valid;
+    if (read && p.block_table != nullptr) {
+      int id, in_page;
+      read = page_of(p, b, n0 + r, id, in_page);
+      page = id, tok = in_page;
+    }
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(staging + i * 16),
+                 "l"(read ? g.data + page * g.page_stride + tok * g.tok_stride + c * 16 : g.data), "r"(read ? 16 : 0));
+    if (c != 0) continue;
+    if (g.scales != nullptr) {
+      cp_async_4_or_zero(scales + r, read ? g.scales + page * g.scale_page_stride + tok * g.scale_tok_stride : g.scales,
+                         read);
+    } else {
+      scales[r] = read ? g.scale : 0.f;
+    }
+  }
+}
+
+// The staged chunks of this thread (stage_fp8_rows) as T, into the swizzled tile at dst, and
+// their rows' scales into key_scales.
+template <class T, int KEYS, int D, int THREADS>
+__device__ __forceinline__ void convert_fp8_rows(unsigned dst, float* key_scales, unsigned staging,
+                                                 const float* scales, int kind) {
+  constexpr int kChunksPerRow = D / 16;
+#pragma unroll
+  for (int k = 0; k < KEYS * kChunksPerRow / THREADS; ++k) {
+    const int i = threadIdx.x + k * THREADS, r = i / kChunksPerRow, c = i % kChunksPerRow;
+    const uint4 x = ld_shared_16(staging + i * 16);
+    st_shared_16(dst + sw128_offset<KEYS>(r, 2 * c), fp8x8_as<T>(make_uint2(x.x, x.y), kind));
+    st_shared_16(dst + sw128_offset<KEYS>(r, 2 * c + 1), fp8x8_as<T>(make_uint2(x.z, x.w), kind));
+    if (c == 0) key_scales[r] = scales[r];
+  }
+}
+
 extern __shared__ __align__(1024) unsigned char smem[];
 
 // PAGED: K and V in a paged pool (a kernel of its own: the paged copies' registers made the
@@ -234,7 +286,9 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   __shared__ SeqTile tile_info;
   __shared__ int tile_found;
   __shared__ int page_ids[2][KEYS];  // paged pools: a tile's page ids, two tiles in flight
-  __shared__ __align__(16) float key_scales[2][2][FP8 ? KEYS : 1];  // fp8: each stage's keys' K and V scales
+  // fp8: each stage's keys' K and V scales, and the next tile's as staged.
+  __shared__ __align__(16) float key_scales[2][2][FP8 ? KEYS : 1];
+  __shared__ float staged_scales[2][FP8 ? KEYS : 1];
   if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;
   const TileRef st{tile_info};
   const int m0 = st.m0();
@@ -249,17 +303,26 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
                 (PAGED ? 0 : st.b() * p.k_batch_stride + st.k_tok0() * p.k_seq_stride) + hk * p.k_head_stride;
   const T* gv = static_cast<const T*>(p.v) +
                 (PAGED ? 0 : st.b() * p.v_batch_stride + st.k_tok0() * p.v_seq_stride) + hk * p.v_head_stride;
+  // fp8: copies tile `tile`'s K and V bytes and scales into the staging area.
+  const unsigned staging = base + Tile::SHARED - 1024;
+  auto stage_fp8 = [&](int tile) {
+    if constexpr (FP8) {
+      const int n0 = tile * KEYS, rows_valid = st.seq_kv() - n0;
+      stage_fp8_rows<KEYS, D, THREADS>(staging, staged_scales[0], p, fp8_rows<false>(p, hk), st.b(), st.k_tok0(), n0,
+                                       rows_valid);
+      stage_fp8_rows<KEYS, D, THREADS>(staging + KEYS * D, staged_scales[1], p, fp8_rows<true>(p, hk), st.b(),
+                                       st.k_tok0(), n0, rows_valid);
+    }
+  };
   // Copies tile `tile`'s K and V into `stage` (and, paged, the page ids of the tile after it).
+  // fp8: converts the staged tile `tile` into `stage` and stages the tile after it.
   auto load_kv = [&](int stage, int tile) {
     const int n0 = tile * KEYS, seq_kv = st.seq_kv();
     if constexpr (FP8) {
-      const unsigned k_dst = k_addr(stage), v_dst = v_addr(stage);
-      load_fp8_tile<T, KEYS, D, THREADS>(p, fp8_rows<false>(p, hk), st.b(), st.k_tok0(), n0, seq_kv - n0,
-                                         [&](int r, int c) { return k_dst + sw128_offset<KEYS>(r, c); },
-                                         key_scales[stage][0]);
-      load_fp8_tile<T, KEYS, D, THREADS>(p, fp8_rows<true>(p, hk), st.b(), st.k_tok0(), n0, seq_kv - n0,
-                                         [&](int r, int c) { return v_dst + sw128_offset<KEYS>(r, c); },
-                                         key_scales[stage][1]);
+      convert_fp8_rows<T, KEYS, D, THREADS>(k_addr(stage), key_scales[stage][0], staging, staged_scales[0], p.kv_fp8);
+      convert_fp8_rows<T, KEYS, D, THREADS>(v_addr(stage), key_scales[stage][1], staging + KEYS * D,
+                                            staged_scales[1], p.kv_fp8);
+      if (tile + 1 < tile_end) stage_fp8(tile + 1);
       return;
     }
     if constexpr (PAGED) {
@@ -296,6 +359,11 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       __syncthreads();
     }
     load_tile<T, ROWS, D, THREADS>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0);
+    if constexpr (FP8) {  // the first tile's bytes, before its conversion
+      stage_fp8(tile_begin);
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
     load_kv(0, tile_begin);
     cp_async_commit();
 

@@ -11,10 +11,16 @@ __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
   return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
 }
 
-// 16 bytes to a shared-window byte address.
+// 16 bytes to / from a shared-window byte address.
 __device__ __forceinline__ void st_shared_16(unsigned smem_addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
+}
+__device__ __forceinline__ uint4 ld_shared_16(unsigned smem_addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(smem_addr)
+               : "memory");
+  return v;
 }
 
 // ---- asynchronous global -> shared copies ----------------------------------------

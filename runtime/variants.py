@@ -128,8 +128,9 @@ class Sm90Tile:
 
     @property
     def shared_bytes(self) -> int:
-        # Q, two stages of K and V, and 1024 bytes to align the base for the swizzle.
-        return 2 * self.dim * (self.rows + 4 * 128) + 1024
+        # Q, two stages of K and V, and 1024 bytes to align the base for the swizzle; fp8
+        # kernels add the staging area of the next tile's K and V bytes.
+        return 2 * self.dim * (self.rows + 4 * 128) + 1024 + (2 * 128 * self.dim if self.fp8 else 0)
 
     def kernel(self, dtype: str, paged: bool = False) -> str:
         """The entry point for `dtype`; `paged` K/V (a block table) have one of their own, but
