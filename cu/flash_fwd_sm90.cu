@@ -374,14 +374,22 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       cp_async_wait<0>();
       fence_proxy_async();
       __syncthreads();  // tile t landed for everyone; tile t - 1's stage is free to refill
-      if (t + 1 < tile_end) load_kv(stage ^ 1, t + 1);
-      cp_async_commit();
+      auto load_next = [&] {
+        if (t + 1 < tile_end) load_kv(stage ^ 1, t + 1);
+        cp_async_commit();
+      };
+      // fp8 kernels load the next tile once S's wgmmas are issued: its conversion then runs
+      // beside them.
+      if constexpr (!FP8) load_next();
       // Every thread copies the CTA's key tiles, but a warpgroup computes only on those its
       // own rows see (none past the end): on causal diagonals and short last tiles the
       // others have the tensor cores to themselves. Skipping a tile whose keys are all cut
       // leaves the results' bits as they were. (The vote tells the compiler the branch is
       // warp-uniform: a plain `if` cost the d128 kernel 16 bytes of spills.)
-      if (__all_sync(0xffffffffu, !rows_see_tile<KEYS>(st, p, group_row0, 64, t))) continue;
+      if (__all_sync(0xffffffffu, !rows_see_tile<KEYS>(st, p, group_row0, 64, t))) {
+        if constexpr (FP8) load_next();
+        continue;
+      }
 
       // S = Q K^T: D / 16 k16 steps, 4 in each half (32 bytes a step inside a row).
       float s[64];
@@ -393,6 +401,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
                     k_major_desc(k_addr(stage) + half * Tile::KV_HALF + step), ks > 0);
       }
       wgmma_commit();
+      if constexpr (FP8) load_next();
       wgmma_wait_all();
       fence_registers(s);
 
