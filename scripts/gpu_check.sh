@@ -4,7 +4,7 @@
 # compute-sanitizer (each tool bounded by SANITIZER_TIMEOUT seconds, default 120). Logs go to
 # $OUT (or ./gpu_logs).
 #   scripts/gpu_check.sh "<pytest args>" "<bench suites>" "<sanitized pytest args>" "<archs>"
-# <archs> (e.g. "sm_80 sm_86 sm_89"): one pass each with PTXATTN_ARCH=<arch>, which loads that
+# <archs> (e.g. "sm_80 sm_89"): one pass each with PTXATTN_ARCH=<arch>, which loads that
 # arch's PTX through the driver's JIT, over $ARCH_TESTS (default: the sdpa, decode, paged and
 # fp8 decode GPU tests).
 set -uo pipefail

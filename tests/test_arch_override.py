@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from ptxattn import module
-from ptxattn.arch import ARCH_ENV, ArchSettingError, target_arch
+from ptxattn.module import manifest
+from ptxattn.arch import ARCH_ENV, ArchSettingError, arch_for, capability, target_arch
 from ptxattn.device import Device
 
-SHIPPED = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_90a")
+SHIPPED = ("sm_80", "sm_89", "sm_90", "sm_90a")  # as ptx/ has them (sm_86 devices load sm_80)
 H200 = Device(0, "H200", (9, 0), 132, 141 << 30, 232448, 60 << 20)
 RTX_3090 = Device(0, "RTX 3090", (8, 6), 82, 24 << 30, 101376, 6 << 20)
-OVERRIDES = ["sm_80", "sm_86", "sm_89"]  # the non-Hopper PTX an H200 can JIT
+OVERRIDES = ["sm_80", "sm_89"]  # the non-Hopper PTX an H200 can JIT
 
 
 @functools.cache  # each probe is a fresh process (~1 s); the answer does not change
@@ -48,6 +49,7 @@ def test_every_shipped_arch_up_to_the_device_is_accepted(requested):
     ("ampere", "not an arch name like sm_86"),
     ("80", "not an arch name like sm_86"),
     ("SM_80", "not an arch name like sm_86"),
+    ("sm_86", "ptxattn ships no ptx/sm_86 folder"),
     ("sm_87", "ptxattn ships no ptx/sm_87 folder"),
     ("sm_100", "ptxattn ships no ptx/sm_100 folder"),
 ])
@@ -55,30 +57,30 @@ def test_unknown_arch_names_the_setting_what_it_expects_and_what_came(requested,
     with pytest.raises(ArchSettingError) as info:
         target_arch(requested, H200, SHIPPED)
     assert str(info.value) == (f"PTXATTN_ARCH: expected one of the shipped PTX archs H200 can run "
-                               f"(sm_80, sm_86, sm_89, sm_90, sm_90a); got {requested!r}: {why}")
+                               f"(sm_80, sm_89, sm_90, sm_90a); got {requested!r}: {why}")
 
 
 @pytest.mark.parametrize("requested", ["sm_89", "sm_90", "sm_90a"])
 def test_arch_newer_than_the_device_is_refused(requested):
     with pytest.raises(ArchSettingError, match=rf"^PTXATTN_ARCH: expected one of the shipped PTX archs RTX 3090 "
-                                               rf"can run \(sm_80, sm_86\); got '{requested}': RTX 3090 \(compute "
+                                               rf"can run \(sm_80\); got '{requested}': RTX 3090 \(compute "
                                                rf"capability 8\.6\) cannot run it: the driver JIT-compiles PTX "
                                                rf"forward only"):
         target_arch(requested, RTX_3090, SHIPPED)
 
 
 def test_a_listed_arch_whose_folder_is_missing_is_not_shipped(tmp_path, monkeypatch):
-    """An install that lost ptx/sm_86 (the manifest still lists it) refuses PTXATTN_ARCH=sm_86."""
+    """An install that lost ptx/sm_89 (the manifest still lists it) refuses PTXATTN_ARCH=sm_89."""
     for arch in SHIPPED:
-        if arch != "sm_86":
+        if arch != "sm_89":
             (tmp_path / arch).mkdir()
     module.manifest()  # read (and cached) from the real package first
     monkeypatch.setattr(module.resources, "files", lambda package: tmp_path)
     module._shipped_archs.cache_clear()
     try:
-        assert module._shipped_archs() == ("sm_80", "sm_89", "sm_90", "sm_90a")
-        with pytest.raises(ArchSettingError, match="got 'sm_86': ptxattn ships no ptx/sm_86 folder"):
-            target_arch("sm_86", H200, module._shipped_archs())
+        assert module._shipped_archs() == ("sm_80", "sm_90", "sm_90a")
+        with pytest.raises(ArchSettingError, match="got 'sm_89': ptxattn ships no ptx/sm_89 folder"):
+            target_arch("sm_89", H200, module._shipped_archs())
     finally:
         module._shipped_archs.cache_clear()
 
@@ -99,11 +101,17 @@ def test_naming_the_devices_own_arch_changes_nothing(arch):
 
 @pytest.mark.parametrize("arch", OVERRIDES)
 def test_override_loads_only_that_archs_ptx(arch):
-    """Every kernel sdpa, decode and paged_decode launch comes from ptx/<arch>; sdpa runs the
-    mma.sync kernel, as a device of that arch would, not the sm_90a wgmma one."""
+    """Every kernel sdpa, decode and paged_decode launch comes from the PTX a device of that
+    arch loads (its family's highest arch not above it: flash_fwd's sm_80 under sm_89); sdpa
+    runs the mma.sync kernel, as a device of that arch would, not the sm_90a wgmma one."""
     got = _probe(arch)
     assert got["ptx_arch"] == arch
-    assert set(got["launched"].values()) == {arch}, got
+    families = {"flash_fwd": "flash_fwd_bf16_d128", "decode": "decode_split_bf16_d128", "merge": "merge_f32_bf16"}
+    expected = {name: arch_for(capability(arch), manifest()["families"][family]["archs"])
+                for family, name in families.items()}
+    assert set(expected.values()) >= {arch}
+    assert {name: got["launched"].get(name) for name in expected} == expected, got
+    assert set(got["launched"].values()) <= set(expected.values()), got
     assert "flash_fwd_bf16_d128" in got["launched"]
     assert {"decode_split_bf16_d128", "decode_split_bf16_d64"} <= got["launched"].keys()
 
