@@ -7,7 +7,8 @@ paged_attention call against the best split into separate calls.
   beside our dense sdpa at B4 H32 S4096 causal in the same run.
 - paged16 / paged64: paged_attention (decode_queries=0) over the same sequences in shuffled
   pools of 16- and 64-token pages; the ratio is ragged time over paged time.
-- fp8: the ragged call over the same K/V quantized to e4m3 with per-token scales, beside bf16.
+- fp8: the ragged call over the same K/V quantized to e4m3 with per-token scales, beside bf16;
+  its error against the reference over the dequantized K/V and over the bf16 K/V it came from.
 - mixed: Hq32 Hkv8, 2 prefill chunks of 2048 new tokens (2048 cached before them) and 62
   decode rows of one query, every sequence at 4096 keys, pages of 16: one paged_attention call
   (eager, and its replayed graph) against paged_attention over the chunks plus paged_decode
@@ -150,6 +151,7 @@ def _fp8_ragged_row(q, k, v, lengths, bf16_ms: float, live_flops: float, repeat:
             "ptxattn_tflops": live_flops / (ms * 1e-3) / 1e12, "ratio_vs_bf16": bf16_ms / ms,
             "ratio_vs_bf16_softcap": general_ms / ms,
             "rel_err_vs_reference": _check_last_rows(q, *keys, got, 0, 0, n0, n0),
+            "rel_err_vs_unquantized": _check_last_rows(q, k, v, got, 0, 0, n0, n0),
             "chart": {"unit": "ms", "series": {"bf16": bf16_ms, "e4m3": ms}}}
 
 
