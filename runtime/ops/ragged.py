@@ -413,7 +413,8 @@ def ragged_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal=False, windo
     over the dequantized k / v to the accuracy of q's dtype. Against the unquantized k / v,
     e4m3 with per-token scales from the amax adds a relative error of 0.037 (measured on the
     H200: bench.py --suite serving, 16 causal sequences, H32 D128, bf16 values N(0, 1));
-    decode's docstring gives the other fp8 types and scales. An e4m3fn NaN byte (0x7f) reads as NaN on sm_89 and newer, as 480 before.
+    decode's docstring gives the other fp8 types and scales. An e4m3fn NaN byte (0x7f) reads
+    as NaN on sm_89 and newer, as 480 before.
     """
     return _RAGGED((q, k, v, cu_seqlens_q, cu_seqlens_k, sinks, k_scale, v_scale, out, out_lse),
                    (causal, window, scale, softcap, return_lse, k_scale, v_scale), stream)
