@@ -203,7 +203,9 @@ def sdpa_fp8_variants() -> Mapping[int, Fp8Variant]:
 
 
 def _sm90_tiles(fp8: bool) -> list[Sm90Tile]:
-    return [_from_record(Sm90Tile, {"fp8": False, **v}) for v in _variants("flash_fwd_sm90") if v.get("fp8", False) == fp8]
+    """flash_fwd_sm90's tiles over fp8 K/V, or over K/V in q's dtype."""
+    return [_from_record(Sm90Tile, {"fp8": False, **v}) for v in _variants("flash_fwd_sm90")
+            if v.get("fp8", False) == fp8]
 
 
 @functools.cache
