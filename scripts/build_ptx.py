@@ -176,6 +176,11 @@ def expand(family: str, info: dict) -> tuple[dict[str, str], list[str]]:
     return {"variants.inc": "\n".join(lines) + "\n"}, kernels
 
 
+def _without_target(ptx: str) -> str:
+    """The PTX less its .target line: what the code of two archs' builds is compared by."""
+    return re.sub(r"^\.target [^\n]*\n", "", ptx, count=1, flags=re.M)
+
+
 def build(out: Path) -> None:
     table = json.loads((CU / "variants.json").read_text())
     nvrtc = Nvrtc()
@@ -197,8 +202,13 @@ def build(out: Path) -> None:
     with ThreadPoolExecutor(max_workers=4) as pool:
         results = list(pool.map(compile_one, jobs))
 
-    families, isa_versions = {}, set()
+    families, isa_versions, below = {}, set(), {}
     for (family, info, arch, options), ptx in zip(jobs, results):
+        # An arch whose PTX is the arch below's but for the .target line is not shipped: a
+        # device loads the highest arch not above its own, so it runs the same code.
+        if below.get(family) == _without_target(ptx):
+            continue
+        below[family] = _without_target(ptx)
         entries = set(re.findall(r"^\.(?:visible )?\.entry (\w+)\(", ptx, flags=re.M))
         listed = set(kernels[family])
         if entries != listed:

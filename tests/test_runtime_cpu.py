@@ -48,6 +48,20 @@ def test_manifest_lists_every_ptx_and_kernel():
                 assert f".entry {kernel}(" in text, (family, arch, kernel)
 
 
+def test_no_shipped_ptx_repeats_the_arch_below():
+    """Each family ships an arch's PTX only where its code differs from the arch below's (a
+    device loads the highest arch not above its own, so a copy that differs only in its
+    .target line adds bytes and nothing else)."""
+    import re
+    from importlib import resources
+    root = resources.files("ptxattn.ptx")
+    for family, info in manifest()["families"].items():
+        bodies = [re.sub(r"^\.target [^\n]*\n", "", (root / arch / f"{family}.ptx").read_text(), count=1,
+                         flags=re.M) for arch in info["archs"]]
+        for (lower, higher), (a, b) in zip(zip(info["archs"], info["archs"][1:]), zip(bodies, bodies[1:])):
+            assert a != b, f"{family}: the {higher} PTX is the {lower} PTX but for its .target line"
+
+
 def test_workspace_layout_aligns_every_region():
     layout = WorkspaceLayout(partials=1000, lse=4, flags=0, more=256)
     assert layout.offsets == {"partials": 0, "lse": 1024, "flags": 1280, "more": 1280}
