@@ -219,6 +219,21 @@ __device__ __forceinline__ Fp8Rows fp8_rows(const FlashFwdParams& p, int hk) {
   }
 }
 
+// Where key n0 + r of sequence b lies: (batch row, token k_tok0 + n0 + r) in a packed layout,
+// (page, token in page) through the block table; false for a row from rows_valid on or one
+// of a page outside the pool (reported), whose bytes and scale are not read.
+__device__ __forceinline__ bool locate_fp8_row(const FlashFwdParams& p, int b, long long k_tok0, int n0, int r,
+                                               int rows_valid, long long& page, long long& tok) {
+  page = b, tok = k_tok0 + n0 + r;
+  bool read = r < rows_valid;
+  if (read && p.block_table != nullptr) {
+    int id, in_page;
+    read = page_of(p, b, n0 + r, id, in_page);
+    page = id, tok = in_page;
+  }
+  return read;
+}
+
 // Eight fp8 values (x's bytes, lowest first) as T, exactly: one 16-byte chunk.
 template <class T>
 __device__ __forceinline__ uint4 fp8x8_as(uint2 x, int kind) {
@@ -238,10 +253,8 @@ __device__ __forceinline__ uint4 fp8x8_as(uint2 x, int kind) {
 
 // Keys [n0, n0 + ROWS) of sequence b, fp8 rows of D values (the host checked D and 8-byte
 // aligned rows), as a T tile: chunk c (values 8c .. 8c + 7) of row r to the shared address
-// dst(r, c), and row r's scale to key_scales[r]. Packed layouts find key j at token
-// k_tok0 + j, paged ones through the block table. Rows from rows_valid on, and those of a
-// page outside the pool, become zeros with scale 0: neither their bytes nor their scales are
-// read.
+// dst(r, c), and row r's scale to key_scales[r] (locate_fp8_row: rows not read become zeros
+// with scale 0).
 template <class T, int ROWS, int D, int NT, class Dst>
 __device__ __forceinline__ void load_fp8_tile(const FlashFwdParams& p, const Fp8Rows& g, int b, long long k_tok0,
                                               int n0, int rows_valid, const Dst& dst, float* key_scales) {
@@ -252,13 +265,8 @@ __device__ __forceinline__ void load_fp8_tile(const FlashFwdParams& p, const Fp8
     const int r = i / kChunksPerRow, c = i % kChunksPerRow;
     uint4 out = make_uint4(0u, 0u, 0u, 0u);
     float scale = 0.f;
-    long long page = b, tok = k_tok0 + n0 + r;
-    bool read = r < rows_valid;
-    if (read && p.block_table != nullptr) {
-      int id, in_page;
-      read = page_of(p, b, n0 + r, id, in_page);
-      page = id, tok = in_page;
-    }
+    long long page, tok;
+    const bool read = locate_fp8_row(p, b, k_tok0, n0, r, rows_valid, page, tok);
     if (read) {
       const uint2 x = *reinterpret_cast<const uint2*>(g.data + page * g.page_stride + tok * g.tok_stride + c * 8);
       out = fp8x8_as<T>(x, p.kv_fp8);

@@ -231,13 +231,8 @@ __device__ __forceinline__ void stage_fp8_rows(unsigned staging, float* scales, 
 #pragma unroll
   for (int k = 0; k < KEYS * kChunksPerRow / THREADS; ++k) {
     const int i = threadIdx.x + k * THREADS, r = i / kChunksPerRow, c = i % kChunksPerRow;
-    long long page = b, tok = k_tok0 + n0 + r;
-    bool read = r < rows_valid;
-    if (read && p.block_table != nullptr) {
-      int id, in_page;
-      read = page_of(p, b, n0 + r, id, in_page);
-      page = id, tok = in_page;
-    }
+    long long page, tok;
+    const bool read = locate_fp8_row(p, b, k_tok0, n0, r, rows_valid, page, tok);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(staging + i * 16),
                  "l"(read ? g.data + page * g.page_stride + tok * g.tok_stride + c * 16 : g.data), "r"(read ? 16 : 0));
     if (c != 0) continue;
