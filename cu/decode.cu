@@ -422,7 +422,8 @@ struct ScaleSource {
 // One warp copies one block (kBlockKeys<KV> keys of K and V) into a ring stage. Lane l copies the
 // 16-byte column chunk l % chunks_per_row of kRowsPerLane consecutive rows, so the lane's rows
 // lie in one page whenever pages hold at least kRowsPerLane keys: one block_table lookup per
-// block, and a steady state with no per-row predicate. Keys at or past key_end, and keys whose
+// block, read a block ahead (page_of) so that the copies never wait for it, and a steady state
+// with no per-row predicate. Keys at or past key_end, and keys whose
 // page id lies outside the pool (reported), become zeros. Columns at or past Dqk / Dv are never
 // written here (zero_padding cleared them once). Per-(token, head) fp8 scales: lane l copies
 // key l's K and V scales, zero at or past key_end or on a bad page.
@@ -463,14 +464,28 @@ struct BlockLoader {
   // a power of two, so (row0 + i) & 7 == (row0 & 7) ^ (i & 7)).
   __device__ __forceinline__ int dst(int i) const { return dst0 + i * kRowBytes + ((x ^ (i & 7)) << 4); }
 
-  // Byte offsets of `key` from k / v; false (reported) for a page id outside the pool.
-  __device__ __forceinline__ bool locate(const DecodeParams& p, int b, int key, long long& k_off,
+  // Paged: the page id of this lane's first row of the block at key0, or -1 when that row is
+  // at or past key_end (unused for a contiguous cache). Read when the block before is copied,
+  // it has landed by the time the block's own copies need it: paged16 fp8 decode stalled on
+  // this read before each block (cu/decode_tuning.md v13).
+  __device__ __forceinline__ int page_of(const DecodeParams& p, int key0, int key_end) const {
+    const int key = key0 + row0;
+    return table != nullptr && key < key_end ? table[key >> p.page_size_log2] : -1;
+  }
+
+  // Pages of at least kRows keys hold each lane's rows of a block in one page: its page_of.
+  __device__ __forceinline__ bool rows_in_one_page(const DecodeParams& p) const {
+    return table == nullptr || (kRows >> p.page_size_log2) <= 1;
+  }
+
+  // Byte offsets of `key` in page `id` (paged) from k / v; false (reported) for a page id
+  // outside the pool.
+  __device__ __forceinline__ bool locate(const DecodeParams& p, int b, int key, int id, long long& k_off,
                                          long long& v_off) const {
     if (table == nullptr) {
       k_off = key * k_tok, v_off = key * v_tok;
       return true;
     }
-    const int id = table[key >> p.page_size_log2];
     if (id < 0 || id >= p.num_pages) {
       raise_fault(p.fault, FAULT_PAGE_OUT_OF_RANGE, b, id);
       return false;
@@ -481,13 +496,14 @@ struct BlockLoader {
     return true;
   }
 
-  // The K and V scales of key `key` into dst[0] and dst[kBlockKeys<KV>] (a per-tensor one is
-  // not copied); zero past key_end or on a bad page.
-  __device__ __forceinline__ void load_scales(const DecodeParams& p, int key, int key_end, float* dst) const {
+  // The K and V scales of key `key` (one of this lane's rows, whose first row lies in page
+  // `id`) into dst[0] and dst[kBlockKeys<KV>] (a per-tensor one is not copied); zero past
+  // key_end or on a bad page.
+  __device__ __forceinline__ void load_scales(const DecodeParams& p, int key, int key_end, int id, float* dst) const {
     bool read = key < key_end;
     long long slot = key, page = 0;
     if (read && table != nullptr) {
-      const int id = table[key >> p.page_size_log2];  // a bad id is reported by the K/V rows
+      if (!rows_in_one_page(p)) id = table[key >> p.page_size_log2];  // a bad id is reported by the K/V rows
       read = id >= 0 && id < p.num_pages;
       page = id, slot = key & ((1 << p.page_size_log2) - 1);
     }
@@ -495,21 +511,24 @@ struct BlockLoader {
     v_scale.load(page, slot, read, dst + kBlockKeys<KV>);
   }
 
-  // The block of keys key0 .. key0 + kBlockKeys<KV> (key0 a multiple of it) into stage.
-  __device__ __forceinline__ void load(const DecodeParams& p, int b, int key0, int key_end,
-                                       unsigned char* stage) const {
+  // The block of keys key0 .. key0 + kBlockKeys<KV> (key0 a multiple of it) into stage; id:
+  // its page_of.
+  __device__ __forceinline__ void load(const DecodeParams& p, int b, int key0, int key_end, unsigned char* stage,
+                                       int id) const {
     char* k_stage = reinterpret_cast<char*>(stage);
     char* v_stage = k_stage + kBlockBytes;
     if constexpr (kIsFp8<KV>) {
-      static_assert(kBlockKeys<KV> == 32, "a lane copies one key's scales");
-      load_scales(p, key0 + threadIdx.x % 32, key_end, reinterpret_cast<float*>(stage + 2 * kBlockBytes) + threadIdx.x % 32);
+      // Lane l copies key l's scales; l is one of its own rows (kRows keys from row0 = l rounded
+      // down to a multiple of kRows, since kBlockKeys<KV> == 32).
+      static_assert(kBlockKeys<KV> == 32 && kRows == C::kChunksPerRow, "a lane copies one of its keys' scales");
+      load_scales(p, key0 + threadIdx.x % 32, key_end, id,
+                  reinterpret_cast<float*>(stage + 2 * kBlockBytes) + threadIdx.x % 32);
     }
     const int first = key0 + row0;
     const int live = key_end - first;  // rows of this lane inside the live length
     long long k_off = 0, v_off = 0;
-    bool ok = live > 0 && locate(p, b, first, k_off, v_off);
-    const bool one_page = table == nullptr || (kRows >> p.page_size_log2) <= 1;
-    if (ok && live >= kRows && one_page) {
+    bool ok = live > 0 && locate(p, b, first, id, k_off, v_off);
+    if (ok && live >= kRows && rows_in_one_page(p)) {
       const char* k_src = k + k_off;
       const char* v_src = v + v_off;
 #pragma unroll
@@ -526,7 +545,7 @@ struct BlockLoader {
     for (int i = 0; i < kRows; ++i) {
       const int key = first + i;
       if (i > 0 && i < live && table != nullptr && (key & ((1 << p.page_size_log2) - 1)) == 0)
-        ok = locate(p, b, key, k_off, v_off);
+        ok = locate(p, b, key, table[key >> p.page_size_log2], k_off, v_off);
       const bool read = ok && i < live;
       if (k_read) cp_async_16_or_zero(k_stage + dst(i), read ? k + k_off : k, read);
       if (v_read) cp_async_16_or_zero(v_stage + dst(i), read ? v + v_off : v, read);
@@ -919,9 +938,16 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   cp_async_commit();
   if (p.dqk < D_TILE || p.dv < D_TILE) zero_padding<KV, D_TILE>(p, rings, groups * p.stages);
   const BlockLoader<KV, D_TILE> loader(p, b, kvh, ln.lane);
+  // This warp copies blocks wm, wm + warps_m, ... of its group, in that order; page_id is the
+  // page_of of the next one.
+  auto block_key = [&](int n) { return group_begin + n * group_step; };
+  int page_id = loader.page_of(p, block_key(wm), key_end);
+  auto copy_block = [&](int n, unsigned char* stage) {
+    loader.load(p, b, block_key(n), key_end, stage, page_id);
+    page_id = loader.page_of(p, block_key(n + warps_m), key_end);
+  };
   for (int n = 0; n < p.stages - 1; ++n) {
-    if (n < num_blocks && (n & (warps_m - 1)) == wm)
-      loader.load(p, b, group_begin + n * group_step, key_end, ring + n * S::kBytes);
+    if (n < num_blocks && (n & (warps_m - 1)) == wm) copy_block(n, ring + n * S::kBytes);
     cp_async_commit();
   }
   cp_async_wait_pending(p.stages - 1);  // the queries have landed (the blocks need not have)
@@ -941,14 +967,13 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
   for (int n = 0; n < iterations; ++n) {
     group_sync(warps_m);  // every warp of the group is done with the stage written next
     const int next = n + p.stages - 1;
-    if (next < num_blocks && (next & (warps_m - 1)) == wm)
-      loader.load(p, b, group_begin + next * group_step, key_end, ring + write_stage * S::kBytes);
+    if (next < num_blocks && (next & (warps_m - 1)) == wm) copy_block(next, ring + write_stage * S::kBytes);
     cp_async_commit();
     cp_async_wait_pending(p.stages - 1);
     group_sync(warps_m);  // block n has landed for every thread of the group
     const unsigned char* stage = ring + read_stage * S::kBytes;
     if (n < num_blocks) {
-      const int key0 = group_begin + n * group_step;
+      const int key0 = block_key(n);
       if constexpr (kIsFp8<KV>) {
         attend_block_fp8<KV, D_TILE>(p, q, stage, key0, keys, ln, st, col_scale);
       } else {

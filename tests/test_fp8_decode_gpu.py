@@ -91,10 +91,11 @@ def test_options(rng, case, mixed):
 
 
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
-@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("page_size", [4, 16, 64])  # 4: a lane's 8 rows of a block span two pages
+@pytest.mark.parametrize("hq", [8, 32])  # 32: 16 rows a kv head, row tiles of two warps
 @pytest.mark.parametrize("fp8", FP8, ids=FP8_IDS)
-def test_paged_matches_reference_and_contiguous_bits(rng, fp8, page_size, layout):
-    batch, hq, hkv, d = 5, 8, 2, 128
+def test_paged_matches_reference_and_contiguous_bits(rng, fp8, hq, page_size, layout):
+    batch, hkv, d = 5, 2, 128
     cap = page_size * max(2, 1024 // page_size)
     lens = [0, 1, page_size, cap // 2 + 3, cap]
     q = rand(rng, (batch, hq, 1, d), ptxattn.bfloat16)

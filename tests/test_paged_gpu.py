@@ -62,6 +62,28 @@ def test_one_split_paged_matches_reference_and_contiguous_bits(rng, dtype):
     assert o.tobytes() == contiguous.tobytes() and lse.tobytes() == contiguous_lse.tobytes()
 
 
+@pytest.mark.parametrize("hq, sq", [(16, 1), (32, 2)], ids=["rows16", "rows64"])
+@pytest.mark.parametrize("page_size", [8, 64])
+def test_groups_of_several_warps_paged(rng, hq, sq, page_size):
+    # 16 and 64 query rows a kv head: row tiles of two and four warps, whose warps take turns
+    # copying a group's blocks (each reads the page ids of its own next block ahead).
+    dtype, batch, hkv, d = np.float16, 3, 2, 128
+    cap = page_size * max(2, 2048 // page_size)
+    lens = [cap, cap // 2 + 5, 37]
+    k = nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens)
+    v = nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens)
+    k_pool, table = paginate(rng, k, page_size)
+    v_pool = np.full_like(k_pool, np.nan)
+    for b in range(batch):
+        for j in range(cap // page_size):
+            v_pool[table[b, j]] = v[b, :, j * page_size:(j + 1) * page_size]
+    q = rand(rng, (batch, hq, sq, d), dtype)
+    o, lse = paged_run(rng, q, k_pool, v_pool, table, lens, "HND")
+    check_attention(o, lse, *reference.decode(q, k, v, lens), dtype)
+    contiguous = ptxattn.decode(q, k, v, np.asarray(lens, np.int32))
+    assert o.tobytes() == contiguous.tobytes()
+
+
 @pytest.mark.parametrize("slot_dtype", [np.int32, np.int64])
 @pytest.mark.parametrize("layout", ["HND", "NHD"])
 def test_paged_append_then_decode(rng, slot_dtype, layout):
