@@ -153,8 +153,9 @@ __device__ __forceinline__ unsigned sw128_offset(int r, int c) {
 // A [ROWS][D] tile whose row r starts at g + r * row_stride into the swizzled layout at
 // shared address dst (halves ROWS * 128 bytes apart); rows >= rows_valid become zeros (so
 // padding cannot inject NaN). Thread t copies chunk t % (D / 8) of rows t / (D / 8) + k *
-// step: its addresses advance by constants.
-template <class T, int ROWS, int D, int THREADS>
+// step: its addresses advance by constants. UNROLL > 0 unrolls the copies only that far (the
+// warp-specialized producer's few registers).
+template <class T, int ROWS, int D, int THREADS, int UNROLL = 0>
 __device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long row_stride, int rows_valid) {
   constexpr int kChunksPerRow = D / 8, kStep = THREADS / kChunksPerRow;
   constexpr int kIters = (ROWS + kStep - 1) / kStep;
@@ -162,7 +163,7 @@ __device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long ro
   const unsigned d0 = dst + sw128_offset<ROWS>(r0, c);
   const T* src = g + r0 * row_stride + c * 8;
   static_assert(kStep % 8 == 0, "a thread's rows keep one swizzle phase");
-#pragma unroll
+#pragma unroll(UNROLL > 0 ? UNROLL : kIters)
   for (int i = 0; i < kIters; ++i) {
     const int r = r0 + i * kStep;
     if (ROWS % kStep != 0 && r >= ROWS) break;
@@ -258,6 +259,135 @@ __device__ __forceinline__ void convert_fp8_rows(unsigned dst, float* key_scales
     st_shared_16(dst + sw128_offset<KEYS>(r, 2 * c), fp8x8_as<T>(make_uint2(x.x, x.y), kind));
     st_shared_16(dst + sw128_offset<KEYS>(r, 2 * c + 1), fp8x8_as<T>(make_uint2(x.z, x.w), kind));
     if (c == 0) key_scales[r] = scales[r];
+  }
+}
+
+// ---- the per-tile steps of a warpgroup (flash_fwd_wgmma, and flash_fwd_sm90_ws.cuh's consumers) ----
+// S = Q K^T issued (not waited for): D / 16 k16 steps, 4 in each half (32 bytes a step inside
+// a row); q_group is the warpgroup's 64 rows of the Q tile, k the K stage.
+template <class T, class Tile>
+__device__ __forceinline__ void issue_qk(float (&s)[64], unsigned q_group, unsigned k) {
+  wgmma_fence();
+#pragma unroll
+  for (int ks = 0; ks < Tile::D / 16; ++ks) {
+    const unsigned step = (ks & 3) * 32, half = ks >> 2;
+    wgmma_ss<T>(s, k_major_desc(q_group + half * Tile::Q_HALF + step), k_major_desc(k + half * Tile::KV_HALF + step),
+                ks > 0);
+  }
+  wgmma_commit();
+}
+
+// Cuts the keys of key tile n0 outside a row's causal/window range or past Skv (on the tiles
+// that have any); group_row0 is the warpgroup's first row, my_row this thread's first.
+template <int KEYS>
+__device__ __forceinline__ void cut_keys(float (&s)[64], const KeyWindow& win, int n0, int seq_kv, int group_row0,
+                                         int my_row, int lane) {
+  if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
+      n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
+    const int col0 = n0 + 2 * (lane & 3);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = my_row + 8 * r;
+      const int lo = clamp_to_tile<KEYS>(first_visible_key(win, row) - col0);
+      const int hi = clamp_to_tile<KEYS>(min(last_visible_key(win, row), (long long)seq_kv - 1) - col0);
+#pragma unroll
+      for (int j = 0; j < KEYS / 8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          if (j * 8 + c < lo || j * 8 + c > hi) s[4 * j + 2 * r + c] = neg_inf();
+    }
+  }
+}
+
+// Online softmax of one S tile; each row is spread over the 4 lanes of a quad. S becomes P
+// (unrounded), the row maxima and sums move on, and O is rescaled by alpha (RESCALE), or
+// alpha is left for the caller to apply once O's pending P V is done.
+template <int KEYS, int O_REGS, bool RESCALE>
+__device__ __forceinline__ void online_softmax(float (&s)[64], float (&o)[O_REGS], float (&row_max)[2],
+                                               float (&row_sum)[2], float mul, float (&alpha_out)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = neg_inf();
+#pragma unroll
+    for (int j = 0; j < KEYS / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    mx = fmaxf(row_max[r], mx * mul);
+    const float sub = exp_subtrahend(mx);
+    const float alpha = exp2_ftz(row_max[r] - sub);
+    row_max[r] = mx;
+    float sum = 0.f;
+#pragma unroll
+    for (int j = 0; j < KEYS / 8; ++j) {
+      s[4 * j + 2 * r] = exp2_ftz(fmaf(s[4 * j + 2 * r], mul, -sub));
+      s[4 * j + 2 * r + 1] = exp2_ftz(fmaf(s[4 * j + 2 * r + 1], mul, -sub));
+      sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+    }
+    if constexpr (RESCALE) {
+#pragma unroll
+      for (int j = 0; j < O_REGS / 4; ++j) {
+        o[4 * j + 2 * r] *= alpha;
+        o[4 * j + 2 * r + 1] *= alpha;
+      }
+    }
+    alpha_out[r] = alpha;
+    row_sum[r] = row_sum[r] * alpha + sum;
+  }
+}
+
+// O *= alpha, row by row (online_softmax's deferred rescale).
+template <int O_REGS>
+__device__ __forceinline__ void rescale_o(float (&o)[O_REGS], const float (&alpha)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < O_REGS / 4; ++j) {
+      o[4 * j + 2 * r] *= alpha[r];
+      o[4 * j + 2 * r + 1] *= alpha[r];
+    }
+}
+
+// P (rounded to T) as P V's A fragments: keys 16 kk .. 16 kk + 15 are n8 blocks 2 kk and
+// 2 kk + 1 of S.
+template <class T, int KEYS>
+__device__ __forceinline__ void pack_p(const float (&s)[64], unsigned (&pa)[KEYS / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < KEYS / 16; ++kk) scores_as_a_operand<T>(s + 8 * kk, pa[kk]);
+}
+
+// O += P V issued (not waited for); v is the V stage. Every A fragment is packed before the
+// first wgmma, so one fence covers them all.
+template <class T, class Tile, int O_REGS>
+__device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa)[Tile::KEYS / 16][4], unsigned v) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < Tile::KEYS / 16; ++kk) wgmma_rs<T>(o, pa[kk], mn_major_desc(v + kk * 16 * 128, Tile::KV_HALF));
+  wgmma_commit();
+}
+
+// Finish: quad-reduce the row sums (fixed xor order), normalise, store this thread's rows
+// my_row and my_row + 8 of head h (and their LSE).
+template <class T, int D>
+__device__ __forceinline__ void store_rows(const FlashFwdParams& p, const TileRef& st, int h, const float (&o)[D / 2],
+                                           const float (&row_max)[2], const float (&row_sum)[2], int my_row, int lane) {
+  const int seq_q = st.seq_q(), b = st.b();
+  const long long q_tok0 = st.q_tok0();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = my_row + 8 * r;
+    if (row >= seq_q) continue;
+    const RowResult res = finish_row(p, h, row_max[r], sum);
+    T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (q_tok0 + row) * p.o_seq_stride;
+#pragma unroll
+    for (int j = 0; j < D / 8; ++j) {
+      const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
+      const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
+      *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
+    }
+    if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
   }
 }
 
@@ -386,16 +516,8 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
         continue;
       }
 
-      // S = Q K^T: D / 16 k16 steps, 4 in each half (32 bytes a step inside a row).
       float s[64];
-      wgmma_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        const unsigned step = (ks & 3) * 32, half = ks >> 2;
-        wgmma_ss<T>(s, k_major_desc(q_group + half * Tile::Q_HALF + step),
-                    k_major_desc(k_addr(stage) + half * Tile::KV_HALF + step), ks > 0);
-      }
-      wgmma_commit();
+      issue_qk<T, Tile>(s, q_group, k_addr(stage));
       if constexpr (FP8) load_next();
       wgmma_wait_all();
       fence_registers(s);
@@ -406,86 +528,22 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       const KeyWindow win = st.window(p);
       if constexpr (FP8) scale_by_key<KEYS / 8>(s, key_scales[stage][0], lane);
       if constexpr (GENERAL) general_scores<KEYS / 8>(s, p, st.b(), h, my_row, st.seq_q(), n0 + 2 * (lane & 3), seq_kv);
-      if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
-          n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
-        const int col0 = n0 + 2 * (lane & 3);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const int row = my_row + 8 * r;
-          const int lo = clamp_to_tile<KEYS>(first_visible_key(win, row) - col0);
-          const int hi = clamp_to_tile<KEYS>(min(last_visible_key(win, row), (long long)seq_kv - 1) - col0);
-#pragma unroll
-          for (int j = 0; j < KEYS / 8; ++j)
-#pragma unroll
-            for (int c = 0; c < 2; ++c)
-              if (j * 8 + c < lo || j * 8 + c > hi) s[4 * j + 2 * r + c] = neg_inf();
-        }
-      }
+      cut_keys<KEYS>(s, win, n0, seq_kv, group_row0, my_row, lane);
 
-      // Online softmax; each row is spread over the 4 lanes of a quad.
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float mx = neg_inf();
-#pragma unroll
-        for (int j = 0; j < KEYS / 8; ++j) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        mx = fmaxf(row_max[r], mx * mul);
-        const float sub = exp_subtrahend(mx);
-        const float alpha = exp2_ftz(row_max[r] - sub);
-        row_max[r] = mx;
-        float sum = 0.f;
-#pragma unroll
-        for (int j = 0; j < KEYS / 8; ++j) {
-          s[4 * j + 2 * r] = exp2_ftz(fmaf(s[4 * j + 2 * r], mul, -sub));
-          s[4 * j + 2 * r + 1] = exp2_ftz(fmaf(s[4 * j + 2 * r + 1], mul, -sub));
-          sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-        }
-#pragma unroll
-        for (int j = 0; j < D / 8; ++j) {
-          o[4 * j + 2 * r] *= alpha;
-          o[4 * j + 2 * r + 1] *= alpha;
-        }
-        row_sum[r] = row_sum[r] * alpha + sum;
-      }
+      float alpha[2];
+      online_softmax<KEYS, O_REGS, true>(s, o, row_max, row_sum, mul, alpha);
 
       if constexpr (FP8) scale_by_key<KEYS / 8>(s, key_scales[stage][1], lane);  // row sums taken: V's scales into P
 
-      // O += P V: keys 16 kk .. 16 kk + 15 are n8 blocks 2 kk and 2 kk + 1 of S. Every
-      // A fragment is packed before the first wgmma, so one fence covers them all.
       unsigned pa[KEYS / 16][4];
-#pragma unroll
-      for (int kk = 0; kk < KEYS / 16; ++kk) scores_as_a_operand<T>(s + 8 * kk, pa[kk]);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < KEYS / 16; ++kk)
-        wgmma_rs<T>(o, pa[kk], mn_major_desc(v_addr(stage) + kk * 16 * 128, Tile::KV_HALF));
-      wgmma_commit();
+      pack_p<T, KEYS>(s, pa);
+      issue_pv<T, Tile>(o, pa, v_addr(stage));
       wgmma_wait_all();
       fence_registers(o);
     }
   }
 
-  // Finish: quad-reduce the row sums (fixed xor order), normalise, store.
-  const int seq_q = st.seq_q(), b = st.b();
-  const long long q_tok0 = st.q_tok0();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-    const int row = my_row + 8 * r;
-    if (row >= seq_q) continue;
-    const RowResult res = finish_row(p, h, row_max[r], sum);
-    T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (q_tok0 + row) * p.o_seq_stride;
-#pragma unroll
-    for (int j = 0; j < D / 8; ++j) {
-      const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
-      const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
-      *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
-    }
-    if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
-  }
+  store_rows<T, D>(p, st, h, o, row_max, row_sum, my_row, lane);
 }
 
 }  // namespace sm90
@@ -514,4 +572,6 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 // 377 / 407 (324), B2 Hq32 Hkv8 S8192 causal 402 / 459 (338), B1 Hq32 Hkv8 S16384 causal
 // 428 / 473 (343), B8 H16 S2048 D64 310 / 356 (291). ptxas: 168 registers, no spills.
 // fp8 kernels: general ones only (they run every serving call), to keep the PTX small.
+// "ws" variants: the warp-specialized plain kernel of flash_fwd_sm90_ws.cuh (FLASH_FWD_SM90_WS).
+#include "flash_fwd_sm90_ws.cuh"
 #include "variants.inc"

@@ -25,7 +25,7 @@ from types import MappingProxyType
 from .module import manifest
 
 __all__ = ["TcTile", "SdpaVariant", "Fp8Variant", "Sm90Tile", "DecodeTile", "sdpa_tiles", "sdpa_fp8_variants",
-           "sm90_tiles", "sm90_fp8_tiles", "decode_d_tiles", "merge_dtypes", "softmax_dtypes", "kv_quant_dtypes",
+           "sm90_tiles", "sm90_ws_tiles", "sm90_fp8_tiles", "decode_d_tiles", "merge_dtypes", "softmax_dtypes", "kv_quant_dtypes",
            "DECODE_THREADS", "DECODE_WARPS", "DECODE_TILE_KEYS", "DECODE_WARP_ROWS", "DECODE_MERGE_ROW_PAD"]
 
 # Constants of cu/decode.cu that its shared-memory size depends on.
@@ -117,6 +117,8 @@ class Sm90Tile:
     groups: int
     general: bool = False
     fp8: bool = False
+    ws: bool = False  # warp-specialized (cu/flash_fwd_sm90_ws.cuh): `groups` consumers and a producer
+    stages: int = 2   # K/V stages in shared memory
 
     @property
     def rows(self) -> int:
@@ -124,17 +126,20 @@ class Sm90Tile:
 
     @property
     def threads(self) -> int:
-        return 128 * self.groups
+        return 128 * (self.groups + self.ws)
 
     @property
     def shared_bytes(self) -> int:
-        # Q, two stages of K and V, and 1024 bytes to align the base for the swizzle; fp8
+        # Q, the stages of K and V, and 1024 bytes to align the base for the swizzle; fp8
         # kernels add the staging area of the next tile's K and V bytes.
-        return 2 * self.dim * (self.rows + 4 * 128) + 1024 + (2 * 128 * self.dim if self.fp8 else 0)
+        return (2 * self.dim * (self.rows + 2 * self.stages * 128) + 1024 +
+                (2 * 128 * self.dim if self.fp8 else 0))
 
     def kernel(self, dtype: str, paged: bool = False) -> str:
         """The entry point for `dtype`; `paged` K/V (a block table) have one of their own, but
-        for fp8 K/V."""
+        for fp8 K/V (and none for warp-specialized kernels: strided K/V only)."""
+        if self.ws:
+            return f"flash_fwd_sm90_{dtype}_d{self.dim}_ws"
         tail = "_fp8" if self.fp8 else "_paged" if paged else ""
         return f"flash_fwd_sm90_{dtype}_d{self.dim}{'_general' if self.general else ''}{tail}"
 
@@ -202,16 +207,24 @@ def sdpa_fp8_variants() -> Mapping[int, Fp8Variant]:
                              for v in _variants("flash_fwd_fp8")})
 
 
-def _sm90_tiles(fp8: bool) -> list[Sm90Tile]:
-    """flash_fwd_sm90's tiles over fp8 K/V, or over K/V in q's dtype."""
-    return [_from_record(Sm90Tile, {"fp8": False, **v}) for v in _variants("flash_fwd_sm90")
-            if v.get("fp8", False) == fp8]
+def _sm90_tiles(fp8: bool, ws: bool = False) -> list[Sm90Tile]:
+    """flash_fwd_sm90's tiles over fp8 K/V, or over K/V in q's dtype; warp-specialized ones
+    (ws) apart."""
+    return [_from_record(Sm90Tile, {"fp8": False, "ws": False, "stages": 2, **v}) for v in _variants("flash_fwd_sm90")
+            if v.get("fp8", False) == fp8 and v.get("ws", False) == ws]
 
 
 @functools.cache
 def sm90_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
     """flash_fwd_sm90's tiles over f16 / bf16 K/V by (head dim (Dqk = Dv), general)."""
     return MappingProxyType({(t.dim, t.general): t for t in _sm90_tiles(fp8=False)})
+
+
+@functools.cache
+def sm90_ws_tiles() -> Mapping[int, Sm90Tile]:
+    """flash_fwd_sm90's warp-specialized plain tiles (f16 / bf16, strided K/V) by head dim
+    (Dqk = Dv); ops/attention.py runs them only under PTXATTN_SM90_WS=1 for now."""
+    return MappingProxyType({t.dim: t for t in _sm90_tiles(fp8=False, ws=True)})
 
 
 @functools.cache

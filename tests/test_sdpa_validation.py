@@ -151,6 +151,24 @@ def test_plan_wgmma_kernel_on_sm90():
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 64, False, True).kernel == "flash_fwd_bf16_d128"
 
 
+def test_plan_sm90_ws_kernel_only_when_opted_in():
+    # PTXATTN_SM90_WS=1 (or ws=True) gives plain strided wgmma calls the warp-specialized kernels:
+    # a producer and two consumer warpgroups, 128 rows; Q + the K/V ring, aligned base.
+    plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True)
+    assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_bf16_d128_ws", 128, 384)
+    assert plan.shared == 2 * 128 * (128 + 2 * 2 * 128) + 1024
+    plan = attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True)
+    assert (plan.kernel, plan.shared) == ("flash_fwd_sm90_f16_d64_ws", 2 * 64 * (128 + 2 * 3 * 128) + 1024)
+    # General, paged, unaligned or other head dims keep their kernels; ws=False the default one.
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=True).kernel == \
+        "flash_fwd_sm90_bf16_d128_general"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, paged=True, ws=True).kernel == \
+        "flash_fwd_sm90_bf16_d128_paged"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, ws=True).kernel == "flash_fwd_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True, ws=True).kernel == "flash_fwd_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d128"
+
+
 def test_window_bounds():
     from ptxattn.ops.checks import UNBOUNDED_WINDOW as unbounded, parse_window
 

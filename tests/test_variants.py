@@ -8,7 +8,7 @@ import pytest
 
 from ptxattn.module import manifest
 from ptxattn.variants import (DecodeTile, Sm90Tile, decode_d_tiles, kv_quant_dtypes, merge_dtypes, sdpa_fp8_variants,
-                              sdpa_tiles, sm90_fp8_tiles, sm90_tiles, softmax_dtypes)
+                              sdpa_tiles, sm90_fp8_tiles, sm90_tiles, sm90_ws_tiles, softmax_dtypes)
 
 DTYPES = ("f16", "bf16", "f32")
 
@@ -24,7 +24,8 @@ def test_views_name_every_kernel_of_the_manifest():
     sm90_dtypes = manifest()["families"]["flash_fwd_sm90"]["dtypes"]
     assert {t.kernel(dt, paged) for t in sm90_tiles().values() for dt in sm90_dtypes
             for paged in (False, True)} | {t.kernel(dt) for t in sm90_fp8_tiles().values()
-                                           for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
+                                           for dt in sm90_dtypes} | \
+        {t.kernel(dt) for t in sm90_ws_tiles().values() for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
     fp8_dtypes = manifest()["families"]["flash_fwd_fp8"]["dtypes"]
     assert {v.kernel(dt) for v in sdpa_fp8_variants().values() for dt in fp8_dtypes} == kernels("flash_fwd_fp8")
     assert {t.kernel for dt in DTYPES for kv in (None, "e4m3", "e5m2") for t in decode_d_tiles(dt, kv)} == \
@@ -98,3 +99,17 @@ def test_views_are_read_only():
         sdpa_tiles()["d32"] = sdpa_tiles()["d64"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         sm90_tiles()[64, False].groups = 2
+
+
+def test_sm90_ws_tiles():
+    """The warp-specialized kernels: a producer warpgroup beside `groups` consumers of 64 rows,
+    Q and `stages` K/V stages within sm_90's 227 KB."""
+    ws = sm90_ws_tiles()
+    assert set(ws) == {64, 128}
+    for dim, tile in ws.items():
+        assert tile.ws and not tile.general and not tile.fp8
+        assert (tile.rows, tile.threads) == (128, 384)
+        assert tile.shared_bytes == 2 * dim * (128 + 2 * tile.stages * 128) + 1024 <= 227 * 1024 - 4096
+        assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_d{dim}_ws"
+    assert ws[128].stages == 2 and ws[64].stages == 3
+    assert all(not t.ws for t in sm90_tiles().values())

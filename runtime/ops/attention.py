@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import struct
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -16,7 +17,7 @@ import numpy as np
 from ..array import DeviceArray
 from ..dtypes import bfloat16
 from ..module import ParamStruct, loaded_arch
-from ..variants import SdpaVariant, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles, sm90_tiles
+from ..variants import SdpaVariant, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles, sm90_tiles, sm90_ws_tiles
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_nonnegative_strides,
                      check_output, check_sinks, check_unit_last_stride, parse_scale, parse_softcap, parse_window,
                      require)
@@ -161,11 +162,24 @@ class KernelPlan:
     shared: int
 
 
-def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool = False) -> KernelPlan:
+SM90_WS_ENV = "PTXATTN_SM90_WS"
+
+
+@functools.cache
+def sm90_ws_enabled() -> bool:
+    """PTXATTN_SM90_WS=1 (read once a process): plain sm_90a calls run the warp-specialized
+    kernels (cu/flash_fwd_sm90_ws.cuh), not yet the default."""
+    return os.environ.get(SM90_WS_ENV) == "1"
+
+
+def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool = False,
+                ws: bool | None = None) -> KernelPlan:
     """The kernel for q's dtype and head dims; `general` picks the per-element score path
     (mask, softcap or scale <= 0); `wgmma` says the device runs the sm_90a kernels and the
     tensors are 16-byte aligned; `paged`: K and V come through a block table; `fp8`: K and V
-    are fp8 (validated: Dqk = Dv, a dim of sdpa_fp8_variants; the general kernels run it)."""
+    are fp8 (validated: Dqk = Dv, a dim of sdpa_fp8_variants; the general kernels run it);
+    `ws`: a plain strided call on the wgmma path takes the warp-specialized kernel where one
+    exists (None: as PTXATTN_SM90_WS says)."""
     if fp8:
         name = _DTYPE_NAME[dtype]
         if wgmma and dqk in sm90_fp8_tiles():
@@ -177,6 +191,10 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
     if dtype == np.float32:
         k_pitch = dqk | 1
         return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk))
+    if (wgmma and dqk == dv and not general and not paged and dqk in sm90_ws_tiles()
+            and (sm90_ws_enabled() if ws is None else ws)):
+        tile = sm90_ws_tiles()[dqk]
+        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
     if wgmma and dqk == dv and (dqk, general) in sm90_tiles():
         tile = sm90_tiles()[dqk, general]
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes)

@@ -1,0 +1,266 @@
+// Warp-specialized variant of flash_fwd_sm90.cu's plain kernel (issue 10, first step):
+// Dqk = Dv = 64 or 128, f16 / bf16, no mask, no softcap, scale > 0, K/V through strides
+// (dense and ragged calls; no paged, no fp8). Same parameters and semantics as the plain
+// kernel; query blocks of 128 rows (grid x). Included by flash_fwd_sm90.cu after the per-tile
+// steps it shares with flash_fwd_wgmma (issue_qk, cut_keys, online_softmax, pack_p, issue_pv,
+// store_rows).
+//
+// A CTA is three warpgroups: warpgroup 0 the producer, 1 and 2 consumers of 64 query rows
+// each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer (40)
+// to the consumers (232): 128 * 40 + 256 * 232 = 64512 of the SM's 65536.
+//
+// Producer (128 threads): cp.async of the block's Q tile, then for each key tile t of the
+// block's range [tile_begin, tile_end), i = t - tile_begin, into ring stage s = i % STAGES
+// (its n-th use, n = i / STAGES): K(t) then V(t). Before refilling a stage (n > 0) it waits
+// for that stage's K (or V) "empty" barrier to complete its use n - 1 (parity (n - 1) & 1).
+// After issuing a tile's copies every producer thread does cp.async.mbarrier.arrive.noinc on
+// the "full" barrier (count 128): the phase completes when all 128 threads' copies have
+// landed. The producer never waits on a full barrier, waits for its own copies before it
+// exits, and takes no part in any barrier after the role split.
+//
+// Consumer (warpgroup g, rows r0 = m0 + 64 (g - 1)): its own tiles [my_begin, my_end) are the
+// block's tiles its rows see (rows_see_tile; a contiguous range, since a row's visible keys
+// are). Every consumer goes through every tile of the block's range in order: for a tile it
+// does not compute it waits for K full, arrives on K empty, waits for V full, arrives on V
+// empty (the wait keeps its arrival from counting towards the stage's previous use). Its own
+// tiles run FA3's intra-warpgroup overlap:
+//   S(b) = Q K(b); wait; softmax -> P(b)
+//   for t in b+1 .. e-1: issue S(t) = Q K(t); issue O += P(t-1) V(t-1); wait S; release K(t);
+//                        softmax(t) (alpha kept); wait O; release V(t-1); O *= alpha; P(t)
+//   O += P(e-1) V(e-1); wait; release V(e-1)
+// Each wait on a full barrier is followed by fence.proxy.async (cp.async writes through the
+// generic proxy, wgmma reads through the async one). A release is one arrival per warp (lane
+// 0, after the warp's wgmma.wait_group): empty barriers count 4 * CONSUMERS.
+// O sees the same operations in the same order as in flash_fwd_wgmma (its first rescale is of
+// zeros, skipped here; then O += P V, O *= alpha, ... alternate exactly as there), and a
+// skipped tile is one whose keys all its rows cut, which flash_fwd_wgmma skips too: outputs
+// and LSE are bit-identical to the plain kernel's.
+//
+// Why no deadlock: phases of a stage's barriers alternate strictly (full n, empty n, full n+1,
+// ...): the producer waits empty n - 1 before filling use n, and a consumer arrives on empty
+// n only after full n. A consumer waiting on full(t) has released every tile before t - 1
+// (its K(t-1) too); the producer filling tile t needs only releases of tile t - STAGES <=
+// t - 2, which every consumer gives before it waits on anything of tile t (it waits for
+// K(t) after releasing V(t-2) at the end of iteration t-1). The consumers never wait on each
+// other, and no __syncthreads follows the role split (resolve_tile's comes before it).
+#pragma once
+
+namespace ptxattn {
+namespace sm90 {
+
+// One warp-specialized variant: head dim D (= Dqk = Dv), STAGES K/V stages in the ring.
+// Shared memory holds Q (128 rows), then STAGES stages of (K, V); base rounded up to 1024.
+template <int D_, int STAGES_>
+struct WsTile {
+  static constexpr int D = D_, STAGES = STAGES_;
+  static constexpr int CONSUMERS = 2;
+  static constexpr int THREADS = 128 * (CONSUMERS + 1);
+  static constexpr int ROWS = 64 * CONSUMERS;  // query rows a CTA
+  static constexpr int KEYS = 128;
+  static constexpr int Q_HALF = ROWS * 128;
+  static constexpr int KV_HALF = KEYS * 128;
+  static constexpr int Q_BYTES = Q_HALF * (D / 64);
+  static constexpr int KV_BYTES = KV_HALF * (D / 64);
+  static constexpr int SHARED = Q_BYTES + 2 * STAGES * KV_BYTES + 1024;
+  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  static constexpr int PRODUCER_UNROLL = 4;  // copies a producer thread's loop issues unrolled
+  static_assert(D == 64 || D == 128, "head dim");
+  static_assert(STAGES >= 2, "the consumers hold two stages at once");
+  static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
+  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the SM's registers");
+};
+
+// ---- mbarrier and setmaxnreg wrappers ---------------------------------------------------
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// One arrival once every cp.async this thread issued so far has landed (the count must
+// include it: .noinc).
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Waits for the completion of the barrier's phase of parity `parity`.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWS_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WS_WAIT;\n}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+template <class T, class Tile>
+__device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
+  constexpr int D = Tile::D, ROWS = Tile::ROWS, KEYS = Tile::KEYS, STAGES = Tile::STAGES;
+  constexpr int O_REGS = D / 2;
+  const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
+  const unsigned q_addr = base;
+  auto k_addr = [&](int stage) { return base + Tile::Q_BYTES + 2 * stage * Tile::KV_BYTES; };
+  auto v_addr = [&](int stage) { return k_addr(stage) + Tile::KV_BYTES; };
+
+  __shared__ SeqTile tile_info;
+  __shared__ int tile_found;
+  // Q full, then K full, V full, K empty, V empty: STAGES each.
+  __shared__ __align__(8) unsigned long long bars[1 + 4 * STAGES];
+  const unsigned q_full = smem_u32(bars);
+  auto k_full = [&](int s) { return q_full + 8 * (1 + s); };
+  auto v_full = [&](int s) { return q_full + 8 * (1 + STAGES + s); };
+  auto k_empty = [&](int s) { return q_full + 8 * (1 + 2 * STAGES + s); };
+  auto v_empty = [&](int s) { return q_full + 8 * (1 + 3 * STAGES + s); };
+  if (threadIdx.x == 32) {  // warp 1, while warp 0 finds the block's rows
+    mbar_init(q_full, 128);
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(k_full(s), 128);
+      mbar_init(v_full(s), 128);
+      mbar_init(k_empty(s), 4 * Tile::CONSUMERS);
+      mbar_init(v_empty(s), 4 * Tile::CONSUMERS);
+    }
+    mbar_fence_init();
+  }
+  if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;  // its __syncthreads publishes the barriers
+  const TileRef st{tile_info};
+  const int m0 = st.m0();
+  const int h = blockIdx.y;
+
+  int tile_begin, tile_end;
+  key_tile_range<KEYS>(st.seq_kv(), st.window(p), m0, min(m0 + ROWS, st.seq_q()) - 1, tile_begin, tile_end);
+  // The stage of key tile t and which use of it that is.
+  auto stage_of = [&](int t) { return (t - tile_begin) % STAGES; };
+  auto parity_of = [&](int t) { return static_cast<unsigned>((t - tile_begin) / STAGES) & 1u; };
+
+  const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);  // warp-uniform to the compiler
+  if (role == 0) {
+    // ---- producer ----
+    setmaxnreg_dec<Tile::PRODUCER_REGS>();
+    if (tile_begin < tile_end) {
+      const int hk = h / (p.heads_q / p.heads_kv);
+      const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
+                    (st.q_tok0() + m0) * p.q_seq_stride;
+      const T* gk = static_cast<const T*>(p.k) + st.b() * p.k_batch_stride + st.k_tok0() * p.k_seq_stride +
+                    hk * p.k_head_stride;
+      const T* gv = static_cast<const T*>(p.v) + st.b() * p.v_batch_stride + st.k_tok0() * p.v_seq_stride +
+                    hk * p.v_head_stride;
+      load_tile<T, ROWS, D, 128, Tile::PRODUCER_UNROLL>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0);
+      mbar_arrive_cp_async(q_full);
+      for (int t = tile_begin; t < tile_end; ++t) {
+        const int stage = stage_of(t), n0 = t * KEYS, rows_valid = st.seq_kv() - n0;
+        const bool refill = t - tile_begin >= STAGES;
+        if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
+        load_tile<T, KEYS, D, 128, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, rows_valid);
+        mbar_arrive_cp_async(k_full(stage));
+        if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
+        load_tile<T, KEYS, D, 128, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, rows_valid);
+        mbar_arrive_cp_async(v_full(stage));
+      }
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
+    }
+  } else {
+    // ---- consumers ----
+    setmaxnreg_inc<Tile::CONSUMER_REGS>();
+    const int lane = threadIdx.x & 31, warp_in_group = (threadIdx.x >> 5) & 3;
+    const int group_row0 = m0 + (role - 1) * 64;
+    const int my_row = group_row0 + warp_in_group * 16 + (lane >> 2);
+    float o[O_REGS];
+#pragma unroll
+    for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
+    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+    const float mul = p.scale * kLog2e;
+
+    int my_begin = tile_begin, my_end = tile_end;
+    while (my_begin < my_end && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_begin)) ++my_begin;
+    while (my_end > my_begin && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_end - 1)) --my_end;
+
+    auto wait_k = [&](int t) {
+      mbar_wait(k_full(stage_of(t)), parity_of(t));
+      fence_proxy_async();
+    };
+    auto wait_v = [&](int t) {
+      mbar_wait(v_full(stage_of(t)), parity_of(t));
+      fence_proxy_async();
+    };
+    auto release_k = [&](int t) {
+      if (lane == 0) mbar_arrive(k_empty(stage_of(t)));
+    };
+    auto release_v = [&](int t) {
+      if (lane == 0) mbar_arrive(v_empty(stage_of(t)));
+    };
+    auto pass = [&](int t) {  // a tile this warpgroup's rows do not see
+      mbar_wait(k_full(stage_of(t)), parity_of(t));
+      release_k(t);
+      mbar_wait(v_full(stage_of(t)), parity_of(t));
+      release_v(t);
+    };
+
+    for (int t = tile_begin; t < my_begin; ++t) pass(t);
+    if (my_begin < my_end) {
+      const unsigned q_group = q_addr + (role - 1) * 64 * 128;  // this warpgroup's rows of each half
+      mbar_wait(q_full, 0);
+      float s[64], alpha[2];
+      unsigned pa[KEYS / 16][4];
+      wait_k(my_begin);
+      issue_qk<T, Tile>(s, q_group, k_addr(stage_of(my_begin)));
+      wgmma_wait<0>();
+      fence_registers(s);
+      release_k(my_begin);
+      cut_keys<KEYS>(s, st.window(p), my_begin * KEYS, st.seq_kv(), group_row0, my_row, lane);
+      online_softmax<KEYS, O_REGS, false>(s, o, row_max, row_sum, mul, alpha);  // O is 0: no rescale
+      pack_p<T, KEYS>(s, pa);
+      for (int t = my_begin + 1; t < my_end; ++t) {
+        wait_k(t);
+        issue_qk<T, Tile>(s, q_group, k_addr(stage_of(t)));
+        fence_registers(s);
+        wait_v(t - 1);
+        issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
+        fence_registers(o);
+        wgmma_wait<1>();  // S(t) done; O's P V may still run
+        fence_registers(s);
+        release_k(t);
+        cut_keys<KEYS>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
+        online_softmax<KEYS, O_REGS, false>(s, o, row_max, row_sum, mul, alpha);
+        wgmma_wait<0>();
+        fence_registers(o);
+        release_v(t - 1);
+        rescale_o(o, alpha);
+        pack_p<T, KEYS>(s, pa);
+      }
+      wait_v(my_end - 1);
+      issue_pv<T, Tile>(o, pa, v_addr(stage_of(my_end - 1)));
+      wgmma_wait<0>();
+      fence_registers(o);
+      release_v(my_end - 1);
+    }
+    for (int t = my_end; t < tile_end; ++t) pass(t);  // (none when the head loop passed them all)
+
+    store_rows<T, D>(p, st, h, o, row_max, row_sum, my_row, lane);
+  }
+}
+
+}  // namespace sm90
+}  // namespace ptxattn
+
+// NAME: the warp-specialized plain kernel (K/V through strides), the flash_fwd_sm90 table's
+// "ws" variants.
+#define FLASH_FWD_SM90_WS(NAME, T, D, STAGES)                                                      \
+  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::WsTile<D, STAGES>::THREADS, 1)       \
+      NAME(const ptxattn::FlashFwdParams p) {                                                      \
+    ptxattn::sm90::flash_fwd_ws<T, ptxattn::sm90::WsTile<D, STAGES>>(p);                          \
+  }

@@ -1,0 +1,144 @@
+"""The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, PTXATTN_SM90_WS=1) against
+the default plain wgmma kernels, bit for bit (same summation order), and against the float64
+reference: D64 / D128, f16 / bf16, causal both alignments, windows, GQA, sinks, LSE, odd
+lengths, rows with no key, ragged batches. PTXATTN_SM90_WS is read once a process, so a child
+process runs every case under it (same seeded inputs) and this one compares.
+
+    python tests/test_sdpa_sm90_ws_gpu.py SEED OUT.npz   # the child (PTXATTN_SM90_WS=1 set)
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+if __name__ == "__main__":
+    os.environ["PTXATTN_SM90_WS"] = "1"
+
+import ptxattn
+from ptxattn import reference
+from ptxattn.ops import attention
+
+from serving_util import check_rows, covered_rows, ragged_batch
+from test_sdpa_gpu import BF16, F16, Case, _check, _run_device
+from test_serving_gpu import run_ragged
+
+pytestmark = pytest.mark.gpu
+
+CASES = [
+    Case(BF16, 2, 4, 4, 128, 128, 128, 128),
+    Case(F16, 2, 4, 4, 256, 384, 64, 64),
+    Case(BF16, 1, 4, 1, 97, 1025, 128, 128, causal=True, align="bottom_right"),
+    Case(F16, 1, 4, 1, 97, 1025, 64, 64, causal=True, align="bottom_right", sinks=True),
+    Case(BF16, 2, 8, 2, 1025, 1025, 128, 128, causal=True),
+    Case(F16, 2, 8, 2, 1025, 1025, 128, 128, causal=True, sinks=True),
+    Case(BF16, 1, 4, 4, 1025, 97, 64, 64, causal=True),                          # rows with no key
+    Case(F16, 1, 2, 2, 300, 130, 128, 128, causal=True, align="bottom_right"),   # rows with no key
+    Case(BF16, 1, 4, 2, 700, 900, 64, 64, window=(100, 20)),
+    Case(F16, 1, 4, 2, 333, 901, 128, 128, causal=True, align="bottom_right", window=(200, 0), sinks=True),
+    Case(BF16, 2, 2, 1, 1000, 1000, 128, 128, window=(-1, 0), sinks=True),
+    Case(F16, 1, 8, 8, 2048, 2048, 128, 128, causal=True),                       # many tiles: the ring wraps
+    Case(BF16, 1, 8, 8, 2048, 2048, 64, 64, causal=True, sinks=True),
+    Case(BF16, 1, 2, 2, 1, 1, 64, 64),
+    Case(F16, 1, 2, 1, 5, 0, 128, 128, sinks=True),                              # no keys at all
+    Case(BF16, 3, 6, 2, 129, 4000, 128, 128, lse=False),
+]
+# (dtype, D, lengths of the queries, options): ragged batches (bottom-right per sequence).
+RAGGED = [
+    (BF16, 128, {"causal": True}),
+    (F16, 64, {"causal": True, "sinks": True}),
+    (BF16, 64, {"window": (33, 17)}),
+    (F16, 128, {}),
+]
+
+
+def _ragged_inputs(rng, dtype, d):
+    lens_q = [1, 97, 0, 128, 129, 300, 1025, 64]
+    lens_k = [n + int(rng.integers(0, 200)) for n in lens_q]
+    lens_k[2] = 0
+    return ragged_batch(rng, lens_q, lens_k, 8, 2, d, d, dtype)
+
+
+def _ragged_options(rng, options):
+    options = dict(options)
+    if options.pop("sinks", False):
+        options["sinks"] = rng.standard_normal(8).astype(np.float32)
+    return options
+
+
+def _run_all(seed: int) -> dict[str, np.ndarray]:
+    """Every case's outputs (o as raw bits, lse) under this process's kernel choice."""
+    results = {}
+    for i, case in enumerate(CASES):
+        o, lse, _ = _run_device(case, np.random.default_rng([seed, i]))
+        results[f"o{i}"] = o.view(np.uint16)
+        if lse is not None:
+            results[f"lse{i}"] = lse
+    for i, (dtype, d, options) in enumerate(RAGGED):
+        rng = np.random.default_rng([seed, 1000 + i])
+        q, k, v, cu_q, cu_k = _ragged_inputs(rng, dtype, d)
+        o, lse = run_ragged(rng, q, k, v, cu_q, cu_k, **_ragged_options(rng, options))
+        results[f"ragged_o{i}"] = np.asarray(o).view(np.uint16)
+        results[f"ragged_lse{i}"] = np.asarray(lse)
+    return results
+
+
+@pytest.fixture(scope="module")
+def ws_results(tmp_path_factory):
+    if not attention.runs_wgmma(ptxattn.get_device(0)):
+        pytest.skip("the device does not load the sm_90a PTX")
+    if attention.sm90_ws_enabled():
+        pytest.skip("run without PTXATTN_SM90_WS: this process is the default-kernel side")
+    seed = int(os.environ.get("PTXATTN_SEED", secrets.randbits(32)))
+    out = tmp_path_factory.mktemp("ws") / "ws.npz"
+    env = dict(os.environ, PTXATTN_SM90_WS="1")
+    child = subprocess.run([sys.executable, str(Path(__file__)), str(seed), str(out)], env=env, timeout=240,
+                           capture_output=True, text=True)
+    assert child.returncode == 0, f"child (seed {seed}) failed:\n{child.stdout}\n{child.stderr}"
+    with np.load(out) as data:
+        return seed, dict(data)
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    got_bits, want_bits = got.view(np.uint8), want.view(np.uint8)
+    assert got.shape == want.shape and np.array_equal(got_bits, want_bits), (
+        f"{what}: {int((got.reshape(-1).view(np.uint8) != want.reshape(-1).view(np.uint8)).sum())} bytes differ")
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[str(c) for c in CASES])
+def test_ws_matches_default_bit_for_bit(ws_results, i):
+    seed, ws = ws_results
+    case = CASES[i]
+    o, lse, inputs = _run_device(case, np.random.default_rng([seed, i]))
+    _check(case, ws[f"o{i}"].view(o.dtype), ws.get(f"lse{i}"), *inputs)  # against the reference
+    _same_bits(ws[f"o{i}"], o.view(np.uint16), f"o (seed {seed})")
+    if lse is not None:
+        _same_bits(ws[f"lse{i}"], lse, f"lse (seed {seed})")
+
+
+@pytest.mark.parametrize("i", range(len(RAGGED)), ids=[f"{np.dtype(t).name}-d{d}-{sorted(o)}" for t, d, o in RAGGED])
+def test_ws_ragged_matches_default_bit_for_bit(ws_results, i):
+    seed, ws = ws_results
+    dtype, d, options = RAGGED[i]
+    rng = np.random.default_rng([seed, 1000 + i])
+    q, k, v, cu_q, cu_k = _ragged_inputs(rng, dtype, d)
+    options = _ragged_options(rng, options)
+    o, lse = run_ragged(rng, q, k, v, cu_q, cu_k, **options)
+    rows = covered_rows(q.shape[0], cu_q)
+    ref_o, ref_lse = reference.ragged_attention(q, k, v, cu_q, cu_k, **options)
+    check_rows(ws[f"ragged_o{i}"].view(o.dtype), ws[f"ragged_lse{i}"], ref_o, ref_lse, rows, dtype)
+    _same_bits(ws[f"ragged_o{i}"][rows], np.asarray(o).view(np.uint16)[rows], f"ragged o (seed {seed})")
+    _same_bits(ws[f"ragged_lse{i}"][rows], np.asarray(lse)[rows], f"ragged lse (seed {seed})")
+
+
+if __name__ == "__main__":
+    assert attention.sm90_ws_enabled()
+    for dtype in (BF16, F16):
+        for d in (64, 128):
+            assert attention.plan_kernel(np.dtype(dtype), d, d, False, True).kernel.endswith("_ws")
+    np.savez(sys.argv[2], **_run_all(int(sys.argv[1])))
