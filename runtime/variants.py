@@ -223,7 +223,7 @@ def sm90_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
 @functools.cache
 def sm90_ws_tiles() -> Mapping[int, Sm90Tile]:
     """flash_fwd_sm90's warp-specialized plain tiles (f16 / bf16, strided K/V) by head dim
-    (Dqk = Dv); ops/attention.py runs them only under PTXATTN_SM90_WS=1 for now."""
+    (Dqk = Dv); ops/attention.py runs them unless PTXATTN_SM90_WS=0."""
     return MappingProxyType({t.dim: t for t in _sm90_tiles(fp8=False, ws=True)})
 
 

@@ -80,9 +80,9 @@ def main() -> int:
     parser.add_argument("--suite", nargs="+", choices=sorted(SUITES), default=list(SUITES))
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
-    parser.add_argument("--sm90-ws", action="store_true",
-                        help="prefill suite: also time the warp-specialized sm_90a kernels (PTXATTN_SM90_WS) beside the "
-                             "default ones, and compare their outputs bit for bit")
+    parser.add_argument("--sm90-plain", action="store_true",
+                        help="prefill suite: also time the plain wgmma sm_90a kernels (PTXATTN_SM90_WS=0) beside the "
+                             "default warp-specialized ones, and compare their outputs bit for bit")
     parser.add_argument("--baseline", metavar="DIR", help="step suite: also time the eager step of the ptxattn "
                                                           "importable from DIR (an earlier version)")
     args = parser.parse_args()

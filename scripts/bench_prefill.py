@@ -1,9 +1,10 @@
 """Prefill attention (ptxattn.sdpa, bf16) in TFLOP/s, counting 4·B·Hq·D per visible
 (query, key) pair (Sq·Skv, halved for causal; a window counts its pairs exactly); PyTorch's
 flash (FA2) and cuDNN SDPA backends are timed side by side in the same run when torch with
-CUDA is installed. With --sm90-ws, a ptxattn_ws column times the warp-specialized sm_90a
-kernels (cu/flash_fwd_sm90_ws.cuh) on the same inputs, and ws_bit_identical says whether their
-output equals the default kernels' bit for bit (rows they do not serve run the default kernels).
+CUDA is installed. With --sm90-plain, a ptxattn_plain column times the plain wgmma kernels
+that the warp-specialized ones (cu/flash_fwd_sm90_ws.cuh) replaced (PTXATTN_SM90_WS=0) on the
+same inputs, and plain_bit_identical says whether their output equals the default kernels' bit
+for bit (rows the warp-specialized kernels do not serve run the same kernel in both columns).
 
 Timings are device time (bench_common.time_ms); the host cost of one sdpa() call is its own
 column. Each shape's output is compared with the float64 reference on batch 0, head 0 (its
@@ -95,8 +96,9 @@ def _error_vs_reference(shape: Shape, q, k, v, mask, out) -> float:
 
 @contextlib.contextmanager
 def _sm90_ws(on: bool):
-    """Plain sm_90a calls take the warp-specialized kernels (as under PTXATTN_SM90_WS=1) while
-    inside; the planning function is swapped and the cached bindings forgotten both ways."""
+    """Plain sm_90a calls take the warp-specialized kernels or (on=False, as under
+    PTXATTN_SM90_WS=0) the plain wgmma ones while inside; the planning function is swapped and
+    the cached bindings forgotten both ways."""
     from ptxattn.ops import attention, prepared
     saved = attention.sm90_ws_enabled
     attention.sm90_ws_enabled = lambda: on
@@ -133,12 +135,12 @@ def run(args) -> list[dict]:
         row["ptxattn_host_us"] = 1e3 * host_ms(ours, rotate=len(sets))  # hidden from the timings
         ours(0)
         row["rel_err_vs_reference"] = _error_vs_reference(shape, *sets[0], mask, out)
-        if getattr(args, "sm90_ws", False):
+        if getattr(args, "sm90_plain", False):
             default_bits = out.get(stream()).view(np.uint16)
-            with _sm90_ws(True):
-                timings["ptxattn_ws"] = try_time(ours, repeat=repeat, rotate=len(sets))
+            with _sm90_ws(False):
+                timings["ptxattn_plain"] = try_time(ours, repeat=repeat, rotate=len(sets))
                 ours(0)
-                row["ws_bit_identical"] = bool(np.array_equal(out.get(stream()).view(np.uint16), default_bits))
+                row["plain_bit_identical"] = bool(np.array_equal(out.get(stream()).view(np.uint16), default_bits))
         if torch is not None:
             _torch_columns(torch, backends, shape, row, timings, sets, mask, out, repeat)
         tflops = {name: (flops / (ms * 1e-3) / 1e12 if ms else None) for name, ms in timings.items()}
@@ -146,7 +148,7 @@ def run(args) -> list[dict]:
             row[f"{name}_ms"] = timings[name]
             row[f"{name}_tflops"] = tflops[name]
         for name in backends:
-            for ours_name in ("ptxattn", "ptxattn_ws"):
+            for ours_name in ("ptxattn", "ptxattn_plain"):
                 if tflops.get(ours_name) and tflops[name]:
                     row[f"ratio{ours_name[7:]}_vs_{name}"] = tflops[ours_name] / tflops[name]
         row["chart"] = {"unit": "TFLOP/s", "series": tflops}

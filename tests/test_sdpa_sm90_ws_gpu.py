@@ -1,10 +1,11 @@
-"""The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, PTXATTN_SM90_WS=1) against
-the default plain wgmma kernels, bit for bit (same summation order), and against the float64
-reference: D64 / D128, f16 / bf16, causal both alignments, windows, GQA, sinks, LSE, odd
-lengths, rows with no key, ragged batches. PTXATTN_SM90_WS is read once a process, so a child
-process runs every case under it (same seeded inputs) and this one compares.
+"""The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default for plain calls)
+against the float64 reference and, bit for bit (same summation order), against the plain
+wgmma kernels they replaced (PTXATTN_SM90_WS=0): D64 / D128, f16 / bf16, causal both
+alignments, windows, GQA, sinks, LSE, odd lengths, rows with no key, ragged batches.
+PTXATTN_SM90_WS is read once a process, so a child process runs every case under
+PTXATTN_SM90_WS=0 (same seeded inputs) and this one compares.
 
-    python tests/test_sdpa_sm90_ws_gpu.py SEED OUT.npz   # the child (PTXATTN_SM90_WS=1 set)
+    python tests/test_sdpa_sm90_ws_gpu.py SEED OUT.npz   # the child (PTXATTN_SM90_WS=0 set)
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 
 if __name__ == "__main__":
-    os.environ["PTXATTN_SM90_WS"] = "1"
+    os.environ["PTXATTN_SM90_WS"] = "0"
 
 import ptxattn
 from ptxattn import reference
@@ -89,14 +90,15 @@ def _run_all(seed: int) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def ws_results(tmp_path_factory):
+def plain_results(tmp_path_factory):
+    """The seed and the outputs of the plain wgmma kernels, from a child process."""
     if not attention.runs_wgmma(ptxattn.get_device(0)):
         pytest.skip("the device does not load the sm_90a PTX")
-    if attention.sm90_ws_enabled():
-        pytest.skip("run without PTXATTN_SM90_WS: this process is the default-kernel side")
+    if not attention.sm90_ws_enabled():
+        pytest.skip("PTXATTN_SM90_WS=0 is set: this process runs no warp-specialized kernel")
     seed = int(os.environ.get("PTXATTN_SEED", secrets.randbits(32)))
-    out = tmp_path_factory.mktemp("ws") / "ws.npz"
-    env = dict(os.environ, PTXATTN_SM90_WS="1")
+    out = tmp_path_factory.mktemp("plain") / "plain.npz"
+    env = dict(os.environ, PTXATTN_SM90_WS="0")
     child = subprocess.run([sys.executable, str(Path(__file__)), str(seed), str(out)], env=env, timeout=240,
                            capture_output=True, text=True)
     assert child.returncode == 0, f"child (seed {seed}) failed:\n{child.stdout}\n{child.stderr}"
@@ -111,19 +113,19 @@ def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[str(c) for c in CASES])
-def test_ws_matches_default_bit_for_bit(ws_results, i):
-    seed, ws = ws_results
+def test_ws_matches_reference_and_plain_kernel_bit_for_bit(plain_results, i):
+    seed, plain = plain_results
     case = CASES[i]
     o, lse, inputs = _run_device(case, np.random.default_rng([seed, i]))
-    _check(case, ws[f"o{i}"].view(o.dtype), ws.get(f"lse{i}"), *inputs)  # against the reference
-    _same_bits(ws[f"o{i}"], o.view(np.uint16), f"o (seed {seed})")
+    _check(case, o, lse, *inputs)
+    _same_bits(o.view(np.uint16), plain[f"o{i}"], f"o (seed {seed})")
     if lse is not None:
-        _same_bits(ws[f"lse{i}"], lse, f"lse (seed {seed})")
+        _same_bits(lse, plain[f"lse{i}"], f"lse (seed {seed})")
 
 
 @pytest.mark.parametrize("i", range(len(RAGGED)), ids=[f"{np.dtype(t).name}-d{d}-{sorted(o)}" for t, d, o in RAGGED])
-def test_ws_ragged_matches_default_bit_for_bit(ws_results, i):
-    seed, ws = ws_results
+def test_ws_ragged_matches_reference_and_plain_kernel_bit_for_bit(plain_results, i):
+    seed, plain = plain_results
     dtype, d, options = RAGGED[i]
     rng = np.random.default_rng([seed, 1000 + i])
     q, k, v, cu_q, cu_k = _ragged_inputs(rng, dtype, d)
@@ -131,14 +133,14 @@ def test_ws_ragged_matches_default_bit_for_bit(ws_results, i):
     o, lse = run_ragged(rng, q, k, v, cu_q, cu_k, **options)
     rows = covered_rows(q.shape[0], cu_q)
     ref_o, ref_lse = reference.ragged_attention(q, k, v, cu_q, cu_k, **options)
-    check_rows(ws[f"ragged_o{i}"].view(o.dtype), ws[f"ragged_lse{i}"], ref_o, ref_lse, rows, dtype)
-    _same_bits(ws[f"ragged_o{i}"][rows], np.asarray(o).view(np.uint16)[rows], f"ragged o (seed {seed})")
-    _same_bits(ws[f"ragged_lse{i}"][rows], np.asarray(lse)[rows], f"ragged lse (seed {seed})")
+    check_rows(np.asarray(o), np.asarray(lse), ref_o, ref_lse, rows, dtype)
+    _same_bits(np.asarray(o).view(np.uint16)[rows], plain[f"ragged_o{i}"][rows], f"ragged o (seed {seed})")
+    _same_bits(np.asarray(lse)[rows], plain[f"ragged_lse{i}"][rows], f"ragged lse (seed {seed})")
 
 
 if __name__ == "__main__":
-    assert attention.sm90_ws_enabled()
+    assert not attention.sm90_ws_enabled()
     for dtype in (BF16, F16):
         for d in (64, 128):
-            assert attention.plan_kernel(np.dtype(dtype), d, d, False, True).kernel.endswith("_ws")
+            assert not attention.plan_kernel(np.dtype(dtype), d, d, False, True).kernel.endswith("_ws")
     np.savez(sys.argv[2], **_run_all(int(sys.argv[1])))

@@ -132,7 +132,8 @@ def test_plan_general_variant_for_masks_and_softcap():
 
 def test_plan_wgmma_kernel_on_sm90():
     # Dqk = Dv = 64 or 128 with plain scores and aligned tensors on a device that loads sm_90a PTX.
-    plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True)
+    # (Plain calls take the warp-specialized kernels unless ws=False: test_plan_sm90_ws_kernel_unless_opted_out.)
+    plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False)
     # Three warpgroups of 64 query rows; Q + two stages of 128-key K and V tiles, aligned base.
     assert plan.kernel == "flash_fwd_sm90_bf16_d128" and plan.rows == 192 and plan.threads == 384
     assert plan.shared == 2 * 128 * (192 + 4 * 128) + 1024 <= 227 * 1024
@@ -145,14 +146,14 @@ def test_plan_wgmma_kernel_on_sm90():
         "flash_fwd_sm90_f16_d64_general_paged"
     # Everything else keeps the mma.sync kernels.
     assert attention.plan_kernel(np.dtype(np.float16), 128, 128, True, False).kernel == "flash_fwd_f16_d128_general"
-    assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, True).kernel == "flash_fwd_sm90_bf16_d64"
+    assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d64"
     assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, False).kernel == "flash_fwd_bf16_d64"
     assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True).kernel == "flash_fwd_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 64, False, True).kernel == "flash_fwd_bf16_d128"
 
 
-def test_plan_sm90_ws_kernel_only_when_opted_in():
-    # PTXATTN_SM90_WS=1 (or ws=True) gives plain strided wgmma calls the warp-specialized kernels:
+def test_plan_sm90_ws_kernel_unless_opted_out():
+    # By default (or ws=True) plain strided wgmma calls get the warp-specialized kernels:
     # a producer and two consumer warpgroups, 128 rows; Q + the K/V ring, aligned base.
     plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True)
     assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_bf16_d128_ws", 128, 384)
@@ -167,6 +168,9 @@ def test_plan_sm90_ws_kernel_only_when_opted_in():
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, ws=True).kernel == "flash_fwd_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True, ws=True).kernel == "flash_fwd_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d128"
+    # PTXATTN_SM90_WS=0 (ws=None follows it) gives back the plain wgmma kernel.
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True).kernel == (
+        "flash_fwd_sm90_bf16_d128_ws" if attention.sm90_ws_enabled() else "flash_fwd_sm90_bf16_d128")
 
 
 def test_window_bounds():

@@ -167,9 +167,10 @@ SM90_WS_ENV = "PTXATTN_SM90_WS"
 
 @functools.cache
 def sm90_ws_enabled() -> bool:
-    """PTXATTN_SM90_WS=1 (read once a process): plain sm_90a calls run the warp-specialized
-    kernels (cu/flash_fwd_sm90_ws.cuh), not yet the default."""
-    return os.environ.get(SM90_WS_ENV) == "1"
+    """Plain sm_90a calls run the warp-specialized kernels (cu/flash_fwd_sm90_ws.cuh) unless
+    PTXATTN_SM90_WS=0 (read once a process) picks the plain wgmma kernels they replaced, which
+    give the same bits (for comparison: scripts/bench.py --suite prefill --sm90-plain)."""
+    return os.environ.get(SM90_WS_ENV, "1") != "0"
 
 
 def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool = False,
@@ -179,7 +180,7 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
     tensors are 16-byte aligned; `paged`: K and V come through a block table; `fp8`: K and V
     are fp8 (validated: Dqk = Dv, a dim of sdpa_fp8_variants; the general kernels run it);
     `ws`: a plain strided call on the wgmma path takes the warp-specialized kernel where one
-    exists (None: as PTXATTN_SM90_WS says)."""
+    exists (None: unless PTXATTN_SM90_WS=0)."""
     if fp8:
         name = _DTYPE_NAME[dtype]
         if wgmma and dqk in sm90_fp8_tiles():
