@@ -17,6 +17,7 @@ from ptxattn.arch import arch_key
 from ptxattn.context import on_device
 from ptxattn.driver import call, cu
 from ptxattn.module import get_kernel, loaded_arch
+from ptxattn.ops import attention
 
 from decode_util import FP8, assert_same_fp8, check_attention, fp8_cache, nan_fp8, nan_tail_cache, rand
 from gpu_util import run_under_arch
@@ -74,7 +75,8 @@ def test_kernels_are_jit_compiled_from_the_chosen_arch(rng, monkeypatch):
     wgmma = loaded_arch(device, "flash_fwd_sm90") is not None
     if ptxattn.ptx_arch(device) != device.arch:
         assert not wgmma, "the sm_90a wgmma kernels must not load under an older PTXATTN_ARCH"
-    sdpa_kernel = ("flash_fwd_sm90_bf16_d128", "flash_fwd_sm90") if wgmma else ("flash_fwd_bf16_d128", "flash_fwd")
+    sm90 = "flash_fwd_sm90_bf16_d128_ws" if attention.sm90_ws_enabled() else "flash_fwd_sm90_bf16_d128"
+    sdpa_kernel = (sm90, "flash_fwd_sm90") if wgmma else ("flash_fwd_bf16_d128", "flash_fwd")
     expected = dict([sdpa_kernel, ("decode_split_bf16_d128", "decode"), ("decode_split_bf16_e4m3_d128", "decode"),
                      ("kv_append_quant_bf16_e4m3", "kv_cache"), ("kv_append_quant_bf16_e5m2", "kv_cache")])
     handles = {int(function) for function in launched}

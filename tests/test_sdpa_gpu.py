@@ -12,6 +12,7 @@ import pytest
 
 import ptxattn
 from ptxattn import DeviceArray, reference
+from ptxattn.ops import attention
 
 from gpu_util import GuardedOutput, relative_error
 
@@ -258,6 +259,7 @@ def test_strided_bshd_inputs_and_output(dtype, offset, rng):
 
 
 @pytest.mark.parametrize("dtype, d, options, kernel", [
+    # Plain calls: the warp-specialized kernels (the plain wgmma ones under PTXATTN_SM90_WS=0).
     (BF16, 128, {}, "flash_fwd_sm90_bf16_d128"),
     (F16, 64, {}, "flash_fwd_sm90_f16_d64"),
     # Masks, softcap and scale <= 0: the general wgmma kernels.
@@ -283,6 +285,8 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options,
         return launch(function, *args)
 
     monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
+    if not options and attention.sm90_ws_enabled():
+        kernel += "_ws"
     case = Case(dtype, 1, 2, 2, 300, 333, d, d, **options)
     o, lse, inputs = _run_device(case, rng)
     with ptxattn.on_device(device):
