@@ -13,6 +13,7 @@ import pytest
 
 from ptxattn import module
 from ptxattn.module import manifest
+from ptxattn.ops import attention
 from ptxattn.arch import ARCH_ENV, ArchSettingError, arch_for, capability, target_arch
 from ptxattn.device import Device
 
@@ -90,7 +91,9 @@ def test_unset_loads_the_best_match_and_the_wgmma_kernel():
     got = _probe(None)
     launched = dict(got["launched"])
     assert got["ptx_arch"] == "sm_90"
-    assert launched.pop("flash_fwd_sm90_bf16_d128") == "sm_90a"
+    # Plain calls: the warp-specialized kernel (the plain wgmma one under PTXATTN_SM90_WS=0).
+    sm90 = "flash_fwd_sm90_bf16_d128_ws" if attention.sm90_ws_enabled() else "flash_fwd_sm90_bf16_d128"
+    assert launched.pop(sm90) == "sm_90a"
     assert set(launched.values()) == {"sm_90"}, got
 
 
