@@ -58,13 +58,18 @@
 // barrier then sees exactly as many bar.sync warpgroups as bar.arrive ones (barrier 2: N
 // each, barrier 1: N - 1 each, N turns), and no barrier can complete on arrivals alone (an
 // arrival of the next round comes only after the other's wait of this one). The waits on
-// full barriers stay before the turn's issue; passes (wait, release) sit between turns.
-// Why no deadlock, by induction over t: once every turn before t is done (both consumers),
-// every tile <= t - 2 and K(t - 1) are released, so the producer (which waits only on the
-// release of tile <= t - STAGES <= t - 2 to fill a tile <= t) fills K(t), V(t): every
-// full-barrier wait of turn t returns. Consumer 1's wait of turn t needs consumer 2's
-// arrival of turn t - 1 (done); consumer 2's needs consumer 1's of turn t, which follows
-// only waits shown to return. The rest of a turn (wgmma waits, releases) blocks on nothing.
+// full barriers stay where they were (K(t) before turn t's wait, V(t-1) inside the turn);
+// passes (wait, release) sit between turns, pass(t) before turn t's wait (the tiles before
+// a warpgroup's own) or turn t + 1's (those after).
+// Why no deadlock, by induction over t: the only waits between a consumer's arrival of turn
+// t - 1 and its arrival of turn t are on full barriers of tiles <= t and on turn t's named
+// barrier; once both consumers have arrived in turn t - 1, each goes on to release every
+// tile <= t - 2 without waiting on anything (wgmma waits, arrivals), so the producer, which
+// needs only releases of tiles <= t - STAGES <= t - 2 to fill every tile <= t, fills them:
+// all those full-barrier waits return. Consumer 1's named-barrier wait of turn t needs
+// consumer 2's arrival of turn t - 1 (given); consumer 2's needs consumer 1's of turn t,
+// which follows only waits just shown to return. (Base: turn tile_begin needs no release,
+// and consumer 1 does not wait in it.) After the last turn nothing waits.
 // Ping-pong moves no arithmetic: outputs stay bit-identical to the plain WS kernel's.
 #pragma once
 
