@@ -43,6 +43,34 @@
 // t - 2, which every consumer gives before it waits on anything of tile t (it waits for
 // K(t) after releasing V(t-2) at the end of iteration t-1). The consumers never wait on each
 // other, and no __syncthreads follows the role split (resolve_tile's comes before it).
+//
+// Ping-pong (Tile::PINGPONG, the "_ws_pp" kernels): the two consumers take turns issuing
+// their wgmmas, so one's GEMMs run on the tensor cores while the other does its softmax.
+// Turns are numbered by the block's tiles, t = tile_begin .. tile_end (one more than its
+// tiles; none when the block has no tile), the same for both consumers whatever tiles they
+// compute: in turn t a consumer issues S(t) if t is its tile and P(t-1) V(t-1) if t - 1 is,
+// nothing otherwise (a passed tile, or no tile of its own at all, is an empty turn). A turn is
+//   wait on my named barrier (bar.sync id(g), 256); issue; arrive on the other's
+//   (bar.arrive id(3 - g), 256)
+// with id(g) = Tile::PP_BAR0 + g - 1 (ids 1 and 2: id 0 is __syncthreads'; the kernel uses no
+// other named barrier), so the issue order is c1(t0), c2(t0), c1(t0+1), c2(t0+1), ...
+// Consumer 1 skips the wait of its first turn and consumer 2 the arrival of its last: each
+// barrier then sees exactly as many bar.sync warpgroups as bar.arrive ones (barrier 2: N
+// each, barrier 1: N - 1 each, N turns), and no barrier can complete on arrivals alone (an
+// arrival of the next round comes only after the other's wait of this one). The waits on
+// full barriers stay where they were (K(t) before turn t's wait, V(t-1) inside the turn);
+// passes (wait, release) sit between turns, pass(t) before turn t's wait (the tiles before
+// a warpgroup's own) or turn t + 1's (those after).
+// Why no deadlock, by induction over t: the only waits between a consumer's arrival of turn
+// t - 1 and its arrival of turn t are on full barriers of tiles <= t and on turn t's named
+// barrier; once both consumers have arrived in turn t - 1, each goes on to release every
+// tile <= t - 2 without waiting on anything (wgmma waits, arrivals), so the producer, which
+// needs only releases of tiles <= t - STAGES <= t - 2 to fill every tile <= t, fills them:
+// all those full-barrier waits return. Consumer 1's named-barrier wait of turn t needs
+// consumer 2's arrival of turn t - 1 (given); consumer 2's needs consumer 1's of turn t,
+// which follows only waits just shown to return. (Base: turn tile_begin needs no release,
+// and consumer 1 does not wait in it.) After the last turn nothing waits.
+// Ping-pong moves no arithmetic: outputs stay bit-identical to the plain WS kernel's.
 #pragma once
 
 namespace ptxattn {
@@ -68,6 +96,24 @@ struct WsTile {
   static_assert(STAGES >= 2, "the consumers hold two stages at once");
   static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
   static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the SM's registers");
+  static constexpr bool PINGPONG = false;
+};
+
+// The same variant with the consumers' ping-pong (a tile type of its own rather than a
+// parameter of flash_fwd_ws, so the plain WS kernels' PTX keeps its names and bytes).
+template <int D_, int STAGES_>
+struct WsPingPongTile : WsTile<D_, STAGES_> {
+  static constexpr bool PINGPONG = true;
+  static constexpr int PP_BAR0 = 1;  // consumer g's turn barrier is PP_BAR0 + g - 1 (0: __syncthreads)
+  static_assert(WsTile<D_, STAGES_>::CONSUMERS == 2, "the turns alternate between two consumers");
+};
+template <int D, int STAGES, bool PINGPONG>
+struct WsTileFor {
+  using type = WsTile<D, STAGES>;
+};
+template <int D, int STAGES>
+struct WsTileFor<D, STAGES, true> {
+  using type = WsPingPongTile<D, STAGES>;
 };
 
 // ---- mbarrier and setmaxnreg wrappers ---------------------------------------------------
@@ -101,6 +147,13 @@ __device__ __forceinline__ void wgmma_wait() {
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// Named barriers of `count` threads: wait (with an arrival) / arrive without waiting.
+__device__ __forceinline__ void named_bar_sync(unsigned id, unsigned count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(unsigned id, unsigned count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -209,15 +262,36 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       mbar_wait(v_full(stage_of(t)), parity_of(t));
       release_v(t);
     };
+    // Ping-pong turns (see the top comment): turn t's wait before its wgmmas are issued, its
+    // arrival after; nothing without PINGPONG.
+    auto turn_wait = [&](int t) {
+      if constexpr (Tile::PINGPONG) {
+        if (role == 2 || t > tile_begin) named_bar_sync(Tile::PP_BAR0 + role - 1, 256);
+      }
+    };
+    auto turn_arrive = [&](int t) {
+      if constexpr (Tile::PINGPONG) {
+        if (role == 1 || t < tile_end) named_bar_arrive(Tile::PP_BAR0 + 2 - role, 256);
+      }
+    };
+    auto empty_turn = [&](int t) {
+      turn_wait(t);
+      turn_arrive(t);
+    };
 
-    for (int t = tile_begin; t < my_begin; ++t) pass(t);
+    for (int t = tile_begin; t < my_begin; ++t) {
+      pass(t);
+      empty_turn(t);
+    }
     if (my_begin < my_end) {
       const unsigned q_group = q_addr + (role - 1) * 64 * 128;  // this warpgroup's rows of each half
       mbar_wait(q_full, 0);
       float s[64], alpha[2];
       unsigned pa[KEYS / 16][4];
       wait_k(my_begin);
+      turn_wait(my_begin);
       issue_qk<T, Tile>(s, q_group, k_addr(stage_of(my_begin)));
+      turn_arrive(my_begin);
       wgmma_wait<0>();
       fence_registers(s);
       release_k(my_begin);
@@ -226,11 +300,13 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       pack_p<T, KEYS>(s, pa);
       for (int t = my_begin + 1; t < my_end; ++t) {
         wait_k(t);
+        turn_wait(t);
         issue_qk<T, Tile>(s, q_group, k_addr(stage_of(t)));
         fence_registers(s);
         wait_v(t - 1);
         issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
         fence_registers(o);
+        turn_arrive(t);
         wgmma_wait<1>();  // S(t) done; O's P V may still run
         fence_registers(s);
         release_k(t);
@@ -243,12 +319,19 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         pack_p<T, KEYS>(s, pa);
       }
       wait_v(my_end - 1);
+      turn_wait(my_end);
       issue_pv<T, Tile>(o, pa, v_addr(stage_of(my_end - 1)));
+      turn_arrive(my_end);
       wgmma_wait<0>();
       fence_registers(o);
       release_v(my_end - 1);
+    } else if constexpr (Tile::PINGPONG) {
+      if (tile_begin < tile_end) empty_turn(my_end);  // turn tile_end: the head loop passed every tile
     }
-    for (int t = my_end; t < tile_end; ++t) pass(t);  // (none when the head loop passed them all)
+    for (int t = my_end; t < tile_end; ++t) {  // (none when the head loop passed them all)
+      pass(t);
+      empty_turn(t + 1);
+    }
 
     store_rows<T, D>(p, st, h, o, row_max, row_sum, my_row, lane);
   }
@@ -258,9 +341,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 }  // namespace ptxattn
 
 // NAME: the warp-specialized plain kernel (K/V through strides), the flash_fwd_sm90 table's
-// "ws" variants.
-#define FLASH_FWD_SM90_WS(NAME, T, D, STAGES)                                                      \
-  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::WsTile<D, STAGES>::THREADS, 1)       \
-      NAME(const ptxattn::FlashFwdParams p) {                                                      \
-    ptxattn::sm90::flash_fwd_ws<T, ptxattn::sm90::WsTile<D, STAGES>>(p);                          \
+// "ws" variants; PINGPONG: with the consumers' ping-pong ("pingpong" variants, NAME ends _pp).
+#define FLASH_FWD_SM90_WS(NAME, T, D, STAGES, PINGPONG)                                             \
+  extern "C" __global__ void __launch_bounds__(                                                     \
+      ptxattn::sm90::WsTileFor<D, STAGES, PINGPONG>::type::THREADS, 1) NAME(const ptxattn::FlashFwdParams p) { \
+    ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<D, STAGES, PINGPONG>::type>(p); \
   }

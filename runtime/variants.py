@@ -25,7 +25,8 @@ from types import MappingProxyType
 from .module import manifest
 
 __all__ = ["TcTile", "SdpaVariant", "Fp8Variant", "Sm90Tile", "DecodeTile", "sdpa_tiles", "sdpa_fp8_variants",
-           "sm90_tiles", "sm90_ws_tiles", "sm90_fp8_tiles", "decode_d_tiles", "merge_dtypes", "softmax_dtypes", "kv_quant_dtypes",
+           "sm90_tiles", "sm90_ws_tiles", "sm90_ws_pp_tiles", "sm90_fp8_tiles", "decode_d_tiles", "merge_dtypes",
+           "softmax_dtypes", "kv_quant_dtypes",
            "DECODE_THREADS", "DECODE_WARPS", "DECODE_TILE_KEYS", "DECODE_WARP_ROWS", "DECODE_MERGE_ROW_PAD"]
 
 # Constants of cu/decode.cu that its shared-memory size depends on.
@@ -119,6 +120,7 @@ class Sm90Tile:
     fp8: bool = False
     ws: bool = False  # warp-specialized (cu/flash_fwd_sm90_ws.cuh): `groups` consumers and a producer
     stages: int = 2   # K/V stages in shared memory
+    pingpong: bool = False  # ws kernels only: the consumers take turns on the tensor cores (named barriers)
 
     @property
     def rows(self) -> int:
@@ -139,7 +141,7 @@ class Sm90Tile:
         """The entry point for `dtype`; `paged` K/V (a block table) have one of their own, but
         for fp8 K/V (and none for warp-specialized kernels: strided K/V only)."""
         if self.ws:
-            return f"flash_fwd_sm90_{dtype}_d{self.dim}_ws"
+            return f"flash_fwd_sm90_{dtype}_d{self.dim}_ws{'_pp' if self.pingpong else ''}"
         tail = "_fp8" if self.fp8 else "_paged" if paged else ""
         return f"flash_fwd_sm90_{dtype}_d{self.dim}{'_general' if self.general else ''}{tail}"
 
@@ -207,11 +209,12 @@ def sdpa_fp8_variants() -> Mapping[int, Fp8Variant]:
                              for v in _variants("flash_fwd_fp8")})
 
 
-def _sm90_tiles(fp8: bool, ws: bool = False) -> list[Sm90Tile]:
+def _sm90_tiles(fp8: bool, ws: bool = False, pingpong: bool = False) -> list[Sm90Tile]:
     """flash_fwd_sm90's tiles over fp8 K/V, or over K/V in q's dtype; warp-specialized ones
-    (ws) apart."""
-    return [_from_record(Sm90Tile, {"fp8": False, "ws": False, "stages": 2, **v}) for v in _variants("flash_fwd_sm90")
-            if v.get("fp8", False) == fp8 and v.get("ws", False) == ws]
+    (ws) apart, and among them the ping-pong ones."""
+    return [_from_record(Sm90Tile, {"fp8": False, "ws": False, "stages": 2, "pingpong": False, **v})
+            for v in _variants("flash_fwd_sm90")
+            if v.get("fp8", False) == fp8 and v.get("ws", False) == ws and v.get("pingpong", False) == pingpong]
 
 
 @functools.cache
@@ -225,6 +228,13 @@ def sm90_ws_tiles() -> Mapping[int, Sm90Tile]:
     """flash_fwd_sm90's warp-specialized plain tiles (f16 / bf16, strided K/V) by head dim
     (Dqk = Dv); ops/attention.py runs them unless PTXATTN_SM90_WS=0."""
     return MappingProxyType({t.dim: t for t in _sm90_tiles(fp8=False, ws=True)})
+
+
+@functools.cache
+def sm90_ws_pp_tiles() -> Mapping[int, Sm90Tile]:
+    """The warp-specialized tiles whose consumers ping-pong (the _ws_pp kernels) by head dim;
+    ops/attention.py runs them in place of sm90_ws_tiles' under PTXATTN_SM90_PINGPONG=1."""
+    return MappingProxyType({t.dim: t for t in _sm90_tiles(fp8=False, ws=True, pingpong=True)})
 
 
 @functools.cache

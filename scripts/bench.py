@@ -83,6 +83,10 @@ def main() -> int:
     parser.add_argument("--sm90-plain", action="store_true",
                         help="prefill suite: also time the plain wgmma sm_90a kernels (PTXATTN_SM90_WS=0) beside the "
                              "default warp-specialized ones, and compare their outputs bit for bit")
+    parser.add_argument("--sm90-pingpong", action="store_true",
+                        help="prefill suite: also time the warp-specialized kernels' ping-pong twins (the _ws_pp "
+                             "kernels, PTXATTN_SM90_PINGPONG=1) beside the default ones, and compare their outputs "
+                             "bit for bit")
     parser.add_argument("--baseline", metavar="DIR", help="step suite: also time the eager step of the ptxattn "
                                                           "importable from DIR (an earlier version)")
     args = parser.parse_args()

@@ -5,6 +5,8 @@ CUDA is installed. With --sm90-plain, a ptxattn_plain column times the plain wgm
 that the warp-specialized ones (cu/flash_fwd_sm90_ws.cuh) replaced (PTXATTN_SM90_WS=0) on the
 same inputs, and plain_bit_identical says whether their output equals the default kernels' bit
 for bit (rows the warp-specialized kernels do not serve run the same kernel in both columns).
+With --sm90-pingpong, a ptxattn_pp column does the same for the warp-specialized kernels'
+ping-pong twins (the _ws_pp kernels, PTXATTN_SM90_PINGPONG=1), with pp_bit_identical.
 
 Timings are device time (bench_common.time_ms); the host cost of one sdpa() call is its own
 column. Each shape's output is compared with the float64 reference on batch 0, head 0 (its
@@ -94,19 +96,28 @@ def _error_vs_reference(shape: Shape, q, k, v, mask, out) -> float:
     return relative_error(out[0, 0, first:].get(stream()), want[0, 0])
 
 
+# The optional columns of other sm_90a kernels: (column, its flag in args, the setting of
+# ptxattn.ops.attention it swaps, the value it takes). A column's kernels serve the rows the
+# default ones do; rows they do not serve run the same kernel as the ptxattn column.
+SM90_COLUMNS = (
+    ("plain", "sm90_plain", "sm90_ws_enabled", False),         # PTXATTN_SM90_WS=0: the plain wgmma kernels
+    ("pp", "sm90_pingpong", "sm90_pingpong_enabled", True),    # PTXATTN_SM90_PINGPONG=1: the _ws_pp kernels
+)
+
+
 @contextlib.contextmanager
-def _sm90_ws(on: bool):
-    """Plain sm_90a calls take the warp-specialized kernels or (on=False, as under
-    PTXATTN_SM90_WS=0) the plain wgmma ones while inside; the planning function is swapped and
+def _sm90_setting(setting: str, value: bool):
+    """Plain sm_90a calls plan as if ptxattn.ops.attention's `setting` (a function of the
+    environment, read once a process) said `value` while inside; the function is swapped and
     the cached bindings forgotten both ways."""
     from ptxattn.ops import attention, prepared
-    saved = attention.sm90_ws_enabled
-    attention.sm90_ws_enabled = lambda: on
+    saved = getattr(attention, setting)
+    setattr(attention, setting, lambda: value)
     prepared.clear_bindings()
     try:
         yield
     finally:
-        attention.sm90_ws_enabled = saved
+        setattr(attention, setting, saved)
         prepared.clear_bindings()
 
 
@@ -135,12 +146,16 @@ def run(args) -> list[dict]:
         row["ptxattn_host_us"] = 1e3 * host_ms(ours, rotate=len(sets))  # hidden from the timings
         ours(0)
         row["rel_err_vs_reference"] = _error_vs_reference(shape, *sets[0], mask, out)
-        if getattr(args, "sm90_plain", False):
-            default_bits = out.get(stream()).view(np.uint16)
-            with _sm90_ws(False):
-                timings["ptxattn_plain"] = try_time(ours, repeat=repeat, rotate=len(sets))
+        default_bits = None
+        for column, flag, setting, value in SM90_COLUMNS:
+            if not getattr(args, flag, False):
+                continue
+            if default_bits is None:
+                default_bits = out.get(stream()).view(np.uint16)
+            with _sm90_setting(setting, value):
+                timings[f"ptxattn_{column}"] = try_time(ours, repeat=repeat, rotate=len(sets))
                 ours(0)
-                row["plain_bit_identical"] = bool(np.array_equal(out.get(stream()).view(np.uint16), default_bits))
+                row[f"{column}_bit_identical"] = bool(np.array_equal(out.get(stream()).view(np.uint16), default_bits))
         if torch is not None:
             _torch_columns(torch, backends, shape, row, timings, sets, mask, out, repeat)
         tflops = {name: (flops / (ms * 1e-3) / 1e12 if ms else None) for name, ms in timings.items()}
@@ -148,7 +163,7 @@ def run(args) -> list[dict]:
             row[f"{name}_ms"] = timings[name]
             row[f"{name}_tflops"] = tflops[name]
         for name in backends:
-            for ours_name in ("ptxattn", "ptxattn_plain"):
+            for ours_name in ("ptxattn", *(f"ptxattn_{column}" for column, *_ in SM90_COLUMNS)):
                 if tflops.get(ours_name) and tflops[name]:
                     row[f"ratio{ours_name[7:]}_vs_{name}"] = tflops[ours_name] / tflops[name]
         row["chart"] = {"unit": "TFLOP/s", "series": tflops}

@@ -128,9 +128,11 @@ def _flash_fwd_sm90(info):
     for v in info["variants"]:
         fp8 = v.get("fp8", False)
         if v.get("ws", False):  # warp-specialized plain kernel: `groups` consumers, `stages` K/V stages
+            pingpong = v.get("pingpong", False)  # the consumers take turns on the tensor cores
             for dtype in info["dtypes"]:
-                name = f"flash_fwd_sm90_{dtype}_d{v['dim']}_ws"
-                yield f"FLASH_FWD_SM90_WS({name}, {C_TYPES[dtype]}, {v['dim']}, {v['stages']})", [name]
+                name = f"flash_fwd_sm90_{dtype}_d{v['dim']}_ws{'_pp' if pingpong else ''}"
+                yield (f"FLASH_FWD_SM90_WS({name}, {C_TYPES[dtype]}, {v['dim']}, {v['stages']}, "
+                       f"{c_literal(pingpong)})", [name])
             continue
         for dtype in info["dtypes"]:
             name = f"flash_fwd_sm90_{dtype}_d{v['dim']}{'_general' if v['general'] else ''}{'_fp8' if fp8 else ''}"

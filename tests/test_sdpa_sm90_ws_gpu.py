@@ -1,11 +1,13 @@
 """The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default for plain calls)
 against the float64 reference and, bit for bit (same summation order), against the plain
-wgmma kernels they replaced (PTXATTN_SM90_WS=0): D64 / D128, f16 / bf16, causal both
-alignments, windows, GQA, sinks, LSE, odd lengths, rows with no key, ragged batches.
-PTXATTN_SM90_WS is read once a process, so a child process runs every case under
-PTXATTN_SM90_WS=0 (same seeded inputs) and this one compares.
+wgmma kernels they replaced (PTXATTN_SM90_WS=0) and against their ping-pong twins, the _ws_pp
+kernels (PTXATTN_SM90_PINGPONG=1): D64 / D128, f16 / bf16, causal both alignments, windows,
+GQA, sinks, LSE, odd lengths, rows with no key, ragged batches. Both settings are read once a
+process, so a child process a setting (CHILDREN) runs every case (same seeded inputs) and this
+one, on the default kernels, compares. Only the children run the kernels under test: one that
+hangs (a barrier bug) ends in the child's timeout, not in this process.
 
-    python tests/test_sdpa_sm90_ws_gpu.py SEED OUT.npz   # the child (PTXATTN_SM90_WS=0 set)
+    python tests/test_sdpa_sm90_ws_gpu.py SEED OUT.npz NAME   # a child, CHILDREN[NAME]'s setting made
 """
 from __future__ import annotations
 
@@ -18,9 +20,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-if __name__ == "__main__":
-    os.environ["PTXATTN_SM90_WS"] = "0"
-
 import ptxattn
 from ptxattn import reference
 from ptxattn.ops import attention
@@ -30,6 +29,14 @@ from test_sdpa_gpu import BF16, F16, Case, _check, _run_device
 from test_serving_gpu import run_ragged
 
 pytestmark = pytest.mark.gpu
+
+# A child process a setting: (environment variable, value), and the suffix of the plain sm_90a
+# kernels it makes calls run ("": the plain wgmma ones).
+CHILDREN = {
+    "plain": (("PTXATTN_SM90_WS", "0"), ""),
+    "pingpong": (("PTXATTN_SM90_PINGPONG", "1"), "_ws_pp"),
+}
+CHILD_TIMEOUT_S = 180  # a cold driver JIT cache costs a child ~35 s of the sm_90a PTX
 
 CASES = [
     Case(BF16, 2, 4, 4, 128, 128, 128, 128),
@@ -90,20 +97,60 @@ def _run_all(seed: int) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def plain_results(tmp_path_factory):
-    """The seed and the outputs of the plain wgmma kernels, from a child process."""
+def seed():
+    """The inputs' seed, once this process is known to run the default warp-specialized kernels."""
     if not attention.runs_wgmma(ptxattn.get_device(0)):
         pytest.skip("the device does not load the sm_90a PTX")
-    if not attention.sm90_ws_enabled():
-        pytest.skip("PTXATTN_SM90_WS=0 is set: this process runs no warp-specialized kernel")
-    seed = int(os.environ.get("PTXATTN_SEED", secrets.randbits(32)))
-    out = tmp_path_factory.mktemp("plain") / "plain.npz"
-    env = dict(os.environ, PTXATTN_SM90_WS="0")
-    child = subprocess.run([sys.executable, str(Path(__file__)), str(seed), str(out)], env=env, timeout=240,
-                           capture_output=True, text=True)
-    assert child.returncode == 0, f"child (seed {seed}) failed:\n{child.stdout}\n{child.stderr}"
+    if not attention.sm90_ws_enabled() or attention.sm90_pingpong_enabled():
+        pytest.skip("PTXATTN_SM90_WS=0 or PTXATTN_SM90_PINGPONG=1 is set: this process must run the default "
+                    "warp-specialized kernels")
+    return int(os.environ.get("PTXATTN_SEED", secrets.randbits(32)))
+
+
+@pytest.fixture(scope="module", params=sorted(CHILDREN))
+def child_results(request, seed, tmp_path_factory):
+    """The seed, the child's name and its outputs of every case under CHILDREN[name]'s setting."""
+    name = request.param
+    (variable, value), _ = CHILDREN[name]
+    out = tmp_path_factory.mktemp(name) / f"{name}.npz"
+    try:
+        child = subprocess.run([sys.executable, str(Path(__file__)), str(seed), str(out), name],
+                               env=dict(os.environ, **{variable: value}), timeout=CHILD_TIMEOUT_S,
+                               capture_output=True, text=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"child {name} ({variable}={value}, seed {seed}) ran past {CHILD_TIMEOUT_S} s (a hang?):\n"
+                    f"{exc.stdout}\n{exc.stderr}")
+    assert child.returncode == 0, f"child {name} (seed {seed}) failed:\n{child.stdout}\n{child.stderr}"
     with np.load(out) as data:
-        return seed, dict(data)
+        return seed, name, dict(data)
+
+
+# This process's outputs by (seed, kind, index), held against the reference when first run: every
+# child's comparison reuses them.
+_OWN: dict[tuple, tuple] = {}
+
+
+def _own_case(seed: int, i: int):
+    if (seed, "case", i) not in _OWN:
+        case = CASES[i]
+        o, lse, inputs = _run_device(case, np.random.default_rng([seed, i]))
+        _check(case, o, lse, *inputs)
+        _OWN[seed, "case", i] = o, lse
+    return _OWN[seed, "case", i]
+
+
+def _own_ragged(seed: int, i: int):
+    if (seed, "ragged", i) not in _OWN:
+        dtype, d, options = RAGGED[i]
+        rng = np.random.default_rng([seed, 1000 + i])
+        q, k, v, cu_q, cu_k = _ragged_inputs(rng, dtype, d)
+        options = _ragged_options(rng, options)
+        o, lse = run_ragged(rng, q, k, v, cu_q, cu_k, **options)
+        rows = covered_rows(q.shape[0], cu_q)
+        ref_o, ref_lse = reference.ragged_attention(q, k, v, cu_q, cu_k, **options)
+        check_rows(np.asarray(o), np.asarray(lse), ref_o, ref_lse, rows, dtype)
+        _OWN[seed, "ragged", i] = np.asarray(o), np.asarray(lse), rows
+    return _OWN[seed, "ragged", i]
 
 
 def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
@@ -113,34 +160,27 @@ def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[str(c) for c in CASES])
-def test_ws_matches_reference_and_plain_kernel_bit_for_bit(plain_results, i):
-    seed, plain = plain_results
-    case = CASES[i]
-    o, lse, inputs = _run_device(case, np.random.default_rng([seed, i]))
-    _check(case, o, lse, *inputs)
-    _same_bits(o.view(np.uint16), plain[f"o{i}"], f"o (seed {seed})")
+def test_ws_matches_reference_and_child_bit_for_bit(child_results, i):
+    seed, name, child = child_results
+    o, lse = _own_case(seed, i)
+    _same_bits(o.view(np.uint16), child[f"o{i}"], f"o vs {name} (seed {seed})")
     if lse is not None:
-        _same_bits(lse, plain[f"lse{i}"], f"lse (seed {seed})")
+        _same_bits(lse, child[f"lse{i}"], f"lse vs {name} (seed {seed})")
 
 
 @pytest.mark.parametrize("i", range(len(RAGGED)), ids=[f"{np.dtype(t).name}-d{d}-{sorted(o)}" for t, d, o in RAGGED])
-def test_ws_ragged_matches_reference_and_plain_kernel_bit_for_bit(plain_results, i):
-    seed, plain = plain_results
-    dtype, d, options = RAGGED[i]
-    rng = np.random.default_rng([seed, 1000 + i])
-    q, k, v, cu_q, cu_k = _ragged_inputs(rng, dtype, d)
-    options = _ragged_options(rng, options)
-    o, lse = run_ragged(rng, q, k, v, cu_q, cu_k, **options)
-    rows = covered_rows(q.shape[0], cu_q)
-    ref_o, ref_lse = reference.ragged_attention(q, k, v, cu_q, cu_k, **options)
-    check_rows(np.asarray(o), np.asarray(lse), ref_o, ref_lse, rows, dtype)
-    _same_bits(np.asarray(o).view(np.uint16)[rows], plain[f"ragged_o{i}"][rows], f"ragged o (seed {seed})")
-    _same_bits(np.asarray(lse)[rows], plain[f"ragged_lse{i}"][rows], f"ragged lse (seed {seed})")
+def test_ws_ragged_matches_reference_and_child_bit_for_bit(child_results, i):
+    seed, name, child = child_results
+    o, lse, rows = _own_ragged(seed, i)
+    _same_bits(o.view(np.uint16)[rows], child[f"ragged_o{i}"][rows], f"ragged o vs {name} (seed {seed})")
+    _same_bits(lse[rows], child[f"ragged_lse{i}"][rows], f"ragged lse vs {name} (seed {seed})")
 
 
 if __name__ == "__main__":
-    assert not attention.sm90_ws_enabled()
-    for dtype in (BF16, F16):
+    (variable, value), suffix = CHILDREN[sys.argv[3]]
+    assert os.environ.get(variable) == value, f"the child {sys.argv[3]} wants {variable}={value}"
+    for dtype, name in ((BF16, "bf16"), (F16, "f16")):
         for d in (64, 128):
-            assert not attention.plan_kernel(np.dtype(dtype), d, d, False, True).kernel.endswith("_ws")
+            kernel = attention.plan_kernel(np.dtype(dtype), d, d, False, True).kernel
+            assert kernel == f"flash_fwd_sm90_{name}_d{d}{suffix}", f"{sys.argv[3]}: plain calls run {kernel}"
     np.savez(sys.argv[2], **_run_all(int(sys.argv[1])))

@@ -168,9 +168,29 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, ws=True).kernel == "flash_fwd_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True, ws=True).kernel == "flash_fwd_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d128"
-    # PTXATTN_SM90_WS=0 (ws=None follows it) gives back the plain wgmma kernel.
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True).kernel == (
-        "flash_fwd_sm90_bf16_d128_ws" if attention.sm90_ws_enabled() else "flash_fwd_sm90_bf16_d128")
+    # PTXATTN_SM90_WS=0 (ws=None follows it) gives back the plain wgmma kernel; under
+    # PTXATTN_SM90_PINGPONG=1 (pingpong=None follows it) the ws kernels' ping-pong twins run.
+    default = ("flash_fwd_sm90_bf16_d128_ws" + "_pp" * attention.sm90_pingpong_enabled()
+               if attention.sm90_ws_enabled() else "flash_fwd_sm90_bf16_d128")
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True).kernel == default
+
+
+def test_plan_sm90_pingpong_kernel_on_request():
+    plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True, pingpong=True)
+    ws = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True, pingpong=False)
+    assert (plan.kernel, ws.kernel) == ("flash_fwd_sm90_bf16_d128_ws_pp", "flash_fwd_sm90_bf16_d128_ws")
+    assert (plan.rows, plan.threads, plan.shared) == (ws.rows, ws.threads, ws.shared)
+    assert attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True, pingpong=True).kernel == \
+        "flash_fwd_sm90_f16_d64_ws_pp"
+    # Only where the ws kernel runs: not with ws=False, nor general, paged or mma.sync calls.
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False, pingpong=True).kernel == \
+        "flash_fwd_sm90_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=True, pingpong=True).kernel == \
+        "flash_fwd_sm90_bf16_d128_general"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, paged=True, ws=True,
+                                 pingpong=True).kernel == "flash_fwd_sm90_bf16_d128_paged"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, pingpong=True).kernel == \
+        "flash_fwd_bf16_d128"
 
 
 def test_window_bounds():

@@ -8,7 +8,8 @@ import pytest
 
 from ptxattn.module import manifest
 from ptxattn.variants import (DecodeTile, Sm90Tile, decode_d_tiles, kv_quant_dtypes, merge_dtypes, sdpa_fp8_variants,
-                              sdpa_tiles, sm90_fp8_tiles, sm90_tiles, sm90_ws_tiles, softmax_dtypes)
+                              sdpa_tiles, sm90_fp8_tiles, sm90_tiles, sm90_ws_pp_tiles, sm90_ws_tiles,
+                              softmax_dtypes)
 
 DTYPES = ("f16", "bf16", "f32")
 
@@ -25,7 +26,8 @@ def test_views_name_every_kernel_of_the_manifest():
     assert {t.kernel(dt, paged) for t in sm90_tiles().values() for dt in sm90_dtypes
             for paged in (False, True)} | {t.kernel(dt) for t in sm90_fp8_tiles().values()
                                            for dt in sm90_dtypes} | \
-        {t.kernel(dt) for t in sm90_ws_tiles().values() for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
+        {t.kernel(dt) for tiles in (sm90_ws_tiles(), sm90_ws_pp_tiles()) for t in tiles.values()
+         for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
     fp8_dtypes = manifest()["families"]["flash_fwd_fp8"]["dtypes"]
     assert {v.kernel(dt) for v in sdpa_fp8_variants().values() for dt in fp8_dtypes} == kernels("flash_fwd_fp8")
     assert {t.kernel for dt in DTYPES for kv in (None, "e4m3", "e5m2") for t in decode_d_tiles(dt, kv)} == \
@@ -113,3 +115,10 @@ def test_sm90_ws_tiles():
         assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_d{dim}_ws"
     assert ws[128].stages == 2 and ws[64].stages == 3
     assert all(not t.ws for t in sm90_tiles().values())
+    assert all(not t.pingpong for t in ws.values())
+    # The ping-pong twins: the same tiles but for the flag, a kernel of their own.
+    pp = sm90_ws_pp_tiles()
+    assert set(pp) == set(ws)
+    for dim, tile in pp.items():
+        assert tile.pingpong and dataclasses.replace(tile, pingpong=False) == ws[dim]
+        assert tile.kernel("f16") == f"flash_fwd_sm90_f16_d{dim}_ws_pp"

@@ -17,7 +17,8 @@ import numpy as np
 from ..array import DeviceArray
 from ..dtypes import bfloat16
 from ..module import ParamStruct, loaded_arch
-from ..variants import SdpaVariant, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles, sm90_tiles, sm90_ws_tiles
+from ..variants import (SdpaVariant, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles, sm90_tiles, sm90_ws_pp_tiles,
+                        sm90_ws_tiles)
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_nonnegative_strides,
                      check_output, check_sinks, check_unit_last_stride, parse_scale, parse_softcap, parse_window,
                      require)
@@ -173,14 +174,27 @@ def sm90_ws_enabled() -> bool:
     return os.environ.get(SM90_WS_ENV, "1") != "0"
 
 
+SM90_PINGPONG_ENV = "PTXATTN_SM90_PINGPONG"
+
+
+@functools.cache
+def sm90_pingpong_enabled() -> bool:
+    """The warp-specialized kernels' ping-pong twins (the _ws_pp kernels: the two consumer
+    warpgroups take turns on the tensor cores, same bits) run in their place under
+    PTXATTN_SM90_PINGPONG=1 (read once a process; for comparison: scripts/bench.py --suite
+    prefill --sm90-pingpong). PTXATTN_SM90_WS=0 turns both off."""
+    return os.environ.get(SM90_PINGPONG_ENV, "0") == "1"
+
+
 def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool = False,
-                ws: bool | None = None) -> KernelPlan:
+                ws: bool | None = None, pingpong: bool | None = None) -> KernelPlan:
     """The kernel for q's dtype and head dims; `general` picks the per-element score path
     (mask, softcap or scale <= 0); `wgmma` says the device runs the sm_90a kernels and the
     tensors are 16-byte aligned; `paged`: K and V come through a block table; `fp8`: K and V
     are fp8 (validated: Dqk = Dv, a dim of sdpa_fp8_variants; the general kernels run it);
     `ws`: a plain strided call on the wgmma path takes the warp-specialized kernel where one
-    exists (None: unless PTXATTN_SM90_WS=0)."""
+    exists (None: unless PTXATTN_SM90_WS=0); `pingpong`: that kernel's ping-pong twin (None: under
+    PTXATTN_SM90_PINGPONG=1)."""
     if fp8:
         name = _DTYPE_NAME[dtype]
         if wgmma and dqk in sm90_fp8_tiles():
@@ -194,7 +208,8 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
         return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk))
     if (wgmma and dqk == dv and not general and not paged and dqk in sm90_ws_tiles()
             and (sm90_ws_enabled() if ws is None else ws)):
-        tile = sm90_ws_tiles()[dqk]
+        pp = sm90_pingpong_enabled() if pingpong is None else pingpong
+        tile = (sm90_ws_pp_tiles() if pp and dqk in sm90_ws_pp_tiles() else sm90_ws_tiles())[dqk]
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
     if wgmma and dqk == dv and (dqk, general) in sm90_tiles():
         tile = sm90_tiles()[dqk, general]
