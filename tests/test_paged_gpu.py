@@ -26,13 +26,12 @@ def paged_run(rng, q, k_pool, v_pool, table, lens, layout, **options):
     return guard.check()
 
 
-@pytest.mark.parametrize("layout", ["HND", "NHD", ("HND", "NHD")], ids=["HND", "NHD", "mixed"])
-@pytest.mark.parametrize("page_size", [8, 16, 64, 256])
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_paged_matches_reference_and_contiguous_bits(rng, dtype, page_size, layout):
-    batch, hq, hkv, d = 5, 8, 2, 128
-    cap = page_size * max(2, 1024 // page_size)
-    lens = [0, 1, page_size, cap // 2 + 3, cap]
+def check_paged_against_contiguous(rng, dtype, dims, page_size, lens, layout):
+    """Random K / V of capacity max(lens) (NaN past each length) in shuffled pages (unused
+    pages NaN), q of dims (batch, Hq, Hkv, Sq, D): paged_decode matches the reference and the
+    contiguous decode of the same keys bit for bit."""
+    batch, hq, hkv, sq, d = dims
+    cap = max(lens)
     k = nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens)
     v = nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens)
     k_pool, table = paginate(rng, k, page_size)
@@ -40,11 +39,20 @@ def test_paged_matches_reference_and_contiguous_bits(rng, dtype, page_size, layo
     for b in range(batch):
         for j in range(cap // page_size):
             v_pool[table[b, j]] = v[b, :, j * page_size:(j + 1) * page_size]
-    q = rand(rng, (batch, hq, 2, d), dtype)
+    q = rand(rng, (batch, hq, sq, d), dtype)
     o, lse = paged_run(rng, q, k_pool, v_pool, table, lens, layout)
     check_attention(o, lse, *reference.decode(q, k, v, lens), dtype)
     contiguous = ptxattn.decode(q, k, v, np.asarray(lens, np.int32))
     assert o.tobytes() == contiguous.tobytes()
+
+
+@pytest.mark.parametrize("layout", ["HND", "NHD", ("HND", "NHD")], ids=["HND", "NHD", "mixed"])
+@pytest.mark.parametrize("page_size", [8, 16, 64, 256])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+def test_paged_matches_reference_and_contiguous_bits(rng, dtype, page_size, layout):
+    cap = page_size * max(2, 1024 // page_size)
+    check_paged_against_contiguous(rng, dtype, (5, 8, 2, 2, 128), page_size, [0, 1, page_size, cap // 2 + 3, cap],
+                                   layout)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
@@ -67,21 +75,8 @@ def test_one_split_paged_matches_reference_and_contiguous_bits(rng, dtype):
 def test_groups_of_several_warps_paged(rng, hq, sq, page_size):
     # 16 and 64 query rows a kv head: row tiles of two and four warps, whose warps take turns
     # copying a group's blocks (each reads the page ids of its own next block ahead).
-    dtype, batch, hkv, d = np.float16, 3, 2, 128
     cap = page_size * max(2, 2048 // page_size)
-    lens = [cap, cap // 2 + 5, 37]
-    k = nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens)
-    v = nan_tail_cache(rng, batch, hkv, cap, d, dtype, lens)
-    k_pool, table = paginate(rng, k, page_size)
-    v_pool = np.full_like(k_pool, np.nan)
-    for b in range(batch):
-        for j in range(cap // page_size):
-            v_pool[table[b, j]] = v[b, :, j * page_size:(j + 1) * page_size]
-    q = rand(rng, (batch, hq, sq, d), dtype)
-    o, lse = paged_run(rng, q, k_pool, v_pool, table, lens, "HND")
-    check_attention(o, lse, *reference.decode(q, k, v, lens), dtype)
-    contiguous = ptxattn.decode(q, k, v, np.asarray(lens, np.int32))
-    assert o.tobytes() == contiguous.tobytes()
+    check_paged_against_contiguous(rng, np.float16, (3, hq, 2, sq, 128), page_size, [cap, cap // 2 + 5, 37], "HND")
 
 
 @pytest.mark.parametrize("slot_dtype", [np.int32, np.int64])
