@@ -85,8 +85,12 @@ def main() -> int:
                              "default warp-specialized ones, and compare their outputs bit for bit")
     parser.add_argument("--sm90-pingpong", action="store_true",
                         help="prefill suite: also time the warp-specialized kernels' ping-pong twins (the _ws_pp "
-                             "kernels, PTXATTN_SM90_PINGPONG=1) beside the default ones, and compare their outputs "
-                             "bit for bit")
+                             "kernels, PTXATTN_SM90_PINGPONG=1) at every head dim beside the default ones, and "
+                             "compare their outputs bit for bit")
+    parser.add_argument("--sm90-ws", action="store_true",
+                        help="prefill suite: also time the warp-specialized kernels without ping-pong "
+                             "(PTXATTN_SM90_PINGPONG=0) at every head dim beside the default ones, and compare "
+                             "their outputs bit for bit")
     parser.add_argument("--baseline", metavar="DIR", help="step suite: also time the eager step of the ptxattn "
                                                           "importable from DIR (an earlier version)")
     args = parser.parse_args()

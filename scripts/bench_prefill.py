@@ -6,7 +6,9 @@ that the warp-specialized ones (cu/flash_fwd_sm90_ws.cuh) replaced (PTXATTN_SM90
 same inputs, and plain_bit_identical says whether their output equals the default kernels' bit
 for bit (rows the warp-specialized kernels do not serve run the same kernel in both columns).
 With --sm90-pingpong, a ptxattn_pp column does the same for the warp-specialized kernels'
-ping-pong twins (the _ws_pp kernels, PTXATTN_SM90_PINGPONG=1), with pp_bit_identical.
+ping-pong twins at every head dim (the _ws_pp kernels, PTXATTN_SM90_PINGPONG=1), with
+pp_bit_identical; with --sm90-ws, a ptxattn_ws column for the warp-specialized kernels without
+ping-pong at every head dim (PTXATTN_SM90_PINGPONG=0), with ws_bit_identical.
 
 Timings are device time (bench_common.time_ms); the host cost of one sdpa() call is its own
 column. Each shape's output is compared with the float64 reference on batch 0, head 0 (its
@@ -25,6 +27,7 @@ import numpy as np
 
 import ptxattn
 from ptxattn import reference
+from ptxattn.variants import sm90_ws_pp_tiles
 
 from bench_common import (host_ms, random_host, relative_error, rotation_count, stream, torch_cuda,
                           torch_sdpa_backends, try_time, upload)
@@ -100,13 +103,14 @@ def _error_vs_reference(shape: Shape, q, k, v, mask, out) -> float:
 # ptxattn.ops.attention it swaps, the value it takes). A column's kernels serve the rows the
 # default ones do; rows they do not serve run the same kernel as the ptxattn column.
 SM90_COLUMNS = (
-    ("plain", "sm90_plain", "sm90_ws_enabled", False),         # PTXATTN_SM90_WS=0: the plain wgmma kernels
-    ("pp", "sm90_pingpong", "sm90_pingpong_enabled", True),    # PTXATTN_SM90_PINGPONG=1: the _ws_pp kernels
+    ("plain", "sm90_plain", "sm90_ws_enabled", False),                             # PTXATTN_SM90_WS=0
+    ("pp", "sm90_pingpong", "sm90_pingpong_dims", frozenset(sm90_ws_pp_tiles())),  # PTXATTN_SM90_PINGPONG=1
+    ("ws", "sm90_ws", "sm90_pingpong_dims", frozenset()),                          # PTXATTN_SM90_PINGPONG=0
 )
 
 
 @contextlib.contextmanager
-def _sm90_setting(setting: str, value: bool):
+def _sm90_setting(setting: str, value):
     """Plain sm_90a calls plan as if ptxattn.ops.attention's `setting` (a function of the
     environment, read once a process) said `value` while inside; the function is swapped and
     the cached bindings forgotten both ways."""

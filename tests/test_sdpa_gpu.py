@@ -286,7 +286,7 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options,
 
     monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
     if not options and attention.sm90_ws_enabled():
-        kernel += "_ws" + "_pp" * attention.sm90_pingpong_enabled()
+        kernel += "_ws" + "_pp" * (d in attention.sm90_pingpong_dims())
     case = Case(dtype, 1, 2, 2, 300, 333, d, d, **options)
     o, lse, inputs = _run_device(case, rng)
     with ptxattn.on_device(device):

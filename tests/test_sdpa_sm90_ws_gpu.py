@@ -1,7 +1,8 @@
-"""The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default for plain calls)
-against the float64 reference and, bit for bit (same summation order), against the plain
-wgmma kernels they replaced (PTXATTN_SM90_WS=0) and against their ping-pong twins, the _ws_pp
-kernels (PTXATTN_SM90_PINGPONG=1): D64 / D128, f16 / bf16, causal both alignments, windows,
+"""The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default for plain calls:
+the _ws_pp ping-pong twins at D64, the _ws kernels at D128) against the float64 reference and,
+bit for bit (same summation order), against the plain wgmma kernels they replaced
+(PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0) and the _ws_pp
+kernels at every dim (PTXATTN_SM90_PINGPONG=1): D64 / D128, f16 / bf16, causal both alignments, windows,
 GQA, sinks, LSE, odd lengths, rows with no key, ragged batches. Both settings are read once a
 process, so a child process a setting (CHILDREN) runs every case (same seeded inputs) and this
 one, on the default kernels, compares. Only the children run the kernels under test: one that
@@ -34,6 +35,7 @@ pytestmark = pytest.mark.gpu
 # kernels it makes calls run ("": the plain wgmma ones).
 CHILDREN = {
     "plain": (("PTXATTN_SM90_WS", "0"), ""),
+    "ws": (("PTXATTN_SM90_PINGPONG", "0"), "_ws"),
     "pingpong": (("PTXATTN_SM90_PINGPONG", "1"), "_ws_pp"),
 }
 CHILD_TIMEOUT_S = 180  # a cold driver JIT cache costs a child ~35 s of the sm_90a PTX
@@ -101,8 +103,8 @@ def seed():
     """The inputs' seed, once this process is known to run the default warp-specialized kernels."""
     if not attention.runs_wgmma(ptxattn.get_device(0)):
         pytest.skip("the device does not load the sm_90a PTX")
-    if not attention.sm90_ws_enabled() or attention.sm90_pingpong_enabled():
-        pytest.skip("PTXATTN_SM90_WS=0 or PTXATTN_SM90_PINGPONG=1 is set: this process must run the default "
+    if not attention.sm90_ws_enabled() or os.environ.get(attention.SM90_PINGPONG_ENV):
+        pytest.skip("PTXATTN_SM90_WS=0 or PTXATTN_SM90_PINGPONG is set: this process must run the default "
                     "warp-specialized kernels")
     return int(os.environ.get("PTXATTN_SEED", secrets.randbits(32)))
 

@@ -155,10 +155,10 @@ def test_plan_wgmma_kernel_on_sm90():
 def test_plan_sm90_ws_kernel_unless_opted_out():
     # By default (or ws=True) plain strided wgmma calls get the warp-specialized kernels:
     # a producer and two consumer warpgroups, 128 rows; Q + the K/V ring, aligned base.
-    plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True)
+    plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_bf16_d128_ws", 128, 384)
     assert plan.shared == 2 * 128 * (128 + 2 * 2 * 128) + 1024
-    plan = attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True)
+    plan = attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.shared) == ("flash_fwd_sm90_f16_d64_ws", 2 * 64 * (128 + 2 * 3 * 128) + 1024)
     # General, paged, unaligned or other head dims keep their kernels; ws=False the default one.
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=True).kernel == \
@@ -168,11 +168,37 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, ws=True).kernel == "flash_fwd_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True, ws=True).kernel == "flash_fwd_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d128"
-    # PTXATTN_SM90_WS=0 (ws=None follows it) gives back the plain wgmma kernel; under
-    # PTXATTN_SM90_PINGPONG=1 (pingpong=None follows it) the ws kernels' ping-pong twins run.
-    default = ("flash_fwd_sm90_bf16_d128_ws" + "_pp" * attention.sm90_pingpong_enabled()
-               if attention.sm90_ws_enabled() else "flash_fwd_sm90_bf16_d128")
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True).kernel == default
+    # PTXATTN_SM90_WS=0 (ws=None follows it) gives back the plain wgmma kernel; the dims of
+    # sm90_pingpong_dims() (pingpong=None follows it) run the ws kernels' ping-pong twins.
+    for d in (64, 128):
+        default = (f"flash_fwd_sm90_bf16_d{d}_ws" + "_pp" * (d in attention.sm90_pingpong_dims())
+                   if attention.sm90_ws_enabled() else f"flash_fwd_sm90_bf16_d{d}")
+        assert attention.plan_kernel(ptxattn.bfloat16, d, d, False, True).kernel == default
+
+
+@pytest.mark.parametrize("value, dims", [(None, {64}), ("", {64}), ("1", {64, 128}), ("0", set())])
+def test_sm90_pingpong_dims_follow_the_setting(monkeypatch, value, dims):
+    if value is None:
+        monkeypatch.delenv(attention.SM90_PINGPONG_ENV, raising=False)
+    else:
+        monkeypatch.setenv(attention.SM90_PINGPONG_ENV, value)
+    attention.sm90_pingpong_dims.cache_clear()
+    try:
+        assert attention.sm90_pingpong_dims() == dims
+    finally:
+        attention.sm90_pingpong_dims.cache_clear()
+
+
+@pytest.mark.parametrize("variable, function", [(attention.SM90_PINGPONG_ENV, "sm90_pingpong_dims"),
+                                                (attention.SM90_WS_ENV, "sm90_ws_enabled")])
+def test_sm90_switch_settings_reject_other_values(monkeypatch, variable, function):
+    monkeypatch.setenv(variable, "yes")
+    getattr(attention, function).cache_clear()
+    try:
+        with pytest.raises(ValueError, match=f"{variable}: expected 0, 1 or unset, got 'yes'"):
+            getattr(attention, function)()
+    finally:
+        getattr(attention, function).cache_clear()
 
 
 def test_plan_sm90_pingpong_kernel_on_request():

@@ -164,6 +164,20 @@ class KernelPlan:
 
 
 SM90_WS_ENV = "PTXATTN_SM90_WS"
+SM90_PINGPONG_ENV = "PTXATTN_SM90_PINGPONG"
+# Head dims whose warp-specialized calls take the ping-pong twins unless PTXATTN_SM90_PINGPONG
+# says otherwise: D64 gained 18 % on the H200, D128 moved within run-to-run noise
+# (cu/flash_fwd_notes.md v5, v6).
+SM90_PINGPONG_DEFAULT_DIMS = frozenset({64})
+
+
+def _switch_setting(variable: str) -> bool | None:
+    """An on/off environment variable: True for "1", False for "0", None when unset or empty;
+    any other value is an error naming the variable."""
+    value = os.environ.get(variable, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{variable}: expected 0, 1 or unset, got {value!r}")
+    return None if value == "" else value == "1"
 
 
 @functools.cache
@@ -171,19 +185,20 @@ def sm90_ws_enabled() -> bool:
     """Plain sm_90a calls run the warp-specialized kernels (cu/flash_fwd_sm90_ws.cuh) unless
     PTXATTN_SM90_WS=0 (read once a process) picks the plain wgmma kernels they replaced, which
     give the same bits (for comparison: scripts/bench.py --suite prefill --sm90-plain)."""
-    return os.environ.get(SM90_WS_ENV, "1") != "0"
-
-
-SM90_PINGPONG_ENV = "PTXATTN_SM90_PINGPONG"
+    return _switch_setting(SM90_WS_ENV) is not False
 
 
 @functools.cache
-def sm90_pingpong_enabled() -> bool:
-    """The warp-specialized kernels' ping-pong twins (the _ws_pp kernels: the two consumer
-    warpgroups take turns on the tensor cores, same bits) run in their place under
-    PTXATTN_SM90_PINGPONG=1 (read once a process; for comparison: scripts/bench.py --suite
-    prefill --sm90-pingpong). PTXATTN_SM90_WS=0 turns both off."""
-    return os.environ.get(SM90_PINGPONG_ENV, "0") == "1"
+def sm90_pingpong_dims() -> frozenset[int]:
+    """The head dims whose warp-specialized calls run the ping-pong twins (the _ws_pp kernels:
+    the two consumer warpgroups take turns on the tensor cores, same bits):
+    SM90_PINGPONG_DEFAULT_DIMS, or every dim that has them under PTXATTN_SM90_PINGPONG=1, or none
+    under =0 (read once a process; for comparison: scripts/bench.py --suite prefill
+    --sm90-pingpong / --sm90-ws). PTXATTN_SM90_WS=0 turns both off."""
+    setting = _switch_setting(SM90_PINGPONG_ENV)
+    if setting is None:
+        return SM90_PINGPONG_DEFAULT_DIMS
+    return frozenset(sm90_ws_pp_tiles()) if setting else frozenset()
 
 
 def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool = False,
@@ -193,8 +208,8 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
     tensors are 16-byte aligned; `paged`: K and V come through a block table; `fp8`: K and V
     are fp8 (validated: Dqk = Dv, a dim of sdpa_fp8_variants; the general kernels run it);
     `ws`: a plain strided call on the wgmma path takes the warp-specialized kernel where one
-    exists (None: unless PTXATTN_SM90_WS=0); `pingpong`: that kernel's ping-pong twin (None: under
-    PTXATTN_SM90_PINGPONG=1)."""
+    exists (None: unless PTXATTN_SM90_WS=0); `pingpong`: that kernel's ping-pong twin (None: for
+    the dims of sm90_pingpong_dims())."""
     if fp8:
         name = _DTYPE_NAME[dtype]
         if wgmma and dqk in sm90_fp8_tiles():
@@ -208,7 +223,7 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
         return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk))
     if (wgmma and dqk == dv and not general and not paged and dqk in sm90_ws_tiles()
             and (sm90_ws_enabled() if ws is None else ws)):
-        pp = sm90_pingpong_enabled() if pingpong is None else pingpong
+        pp = dqk in sm90_pingpong_dims() if pingpong is None else pingpong
         tile = (sm90_ws_pp_tiles() if pp and dqk in sm90_ws_pp_tiles() else sm90_ws_tiles())[dqk]
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
     if wgmma and dqk == dv and (dqk, general) in sm90_tiles():
