@@ -2,23 +2,24 @@
 //
 // Serves the calls flash_fwd.cu's mma.sync kernels serve (plain kernels: no mask, no
 // softcap, scale > 0; general kernels: the rest; causal/window, sinks, GQA, LSE, serving
-// batches all apply) when Dqk = Dv = 64 or 128 and the host vouched for 16-byte alignment
-// (vector_io); its _fp8 kernels serve fp8 K/V, as flash_fwd_fp8.cu's do. Same parameters
-// and semantics; its query blocks are 64 * GROUPS rows (grid x), and the summation order
-// differs from mma.sync's.
+// batches all apply) at every head dim up to 256 when the host vouched for 16-byte alignment
+// (vector_io) and its head dims are multiples of 8: variants of Dqk / Dv 64, 128, 192 / 128
+// and 256, a call running the smallest that holds its dims with the rest zero-padded; its _fp8 kernels serve fp8 K/V (Dqk = Dv =
+// 64 or 128), as flash_fwd_fp8.cu's do. Same parameters and semantics; its query blocks are
+// 64 * GROUPS rows (grid x), and the summation order differs from mma.sync's.
 //
 // A CTA is GROUPS warpgroups over 64 * GROUPS query rows, 64 a warpgroup (wgmma's M).
 // Q, K and V tiles live in shared memory in wgmma's 128-byte-swizzle layout: a [rows][D]
 // b16 tile is D / 64 [rows][64] halves of 128-byte rows, the 16-byte chunk c of row r
 // stored at c ^ (r & 7), every half 1024-byte aligned. All threads stream the next
-// 128-key K/V tile with cp.async (fp8: the bytes of the tile after it, converted to the
+// KEYS-key K/V tile with cp.async (fp8: the bytes of the tile after it, converted to the
 // input dtype when the next tile's stage frees: stage_fp8_rows) while the warpgroups
 // compute on the current one:
-//   S = Q K^T   wgmma m64n128k16, A (Q) and B (K) from shared memory, both K-major
+//   S = Q K^T   wgmma m64nKEYSk16, A (Q) and B (K) from shared memory, both K-major
 //   online softmax on S in registers (exp2, scale folded in), O rescaled
-//   O += P V    wgmma m64nDk16, A = P rounded to the input dtype in registers (the
-//               accumulator layout of S is the A-fragment layout), B = V from shared
-//               memory, MN-major (d contiguous)
+//   O += P V    wgmma m64nDvk16 (Dv = 256: two m64n128), A = P rounded to the input dtype in
+//               registers (the accumulator layout of S is the A-fragment layout), B = V
+//               from shared memory, MN-major (d contiguous)
 // The accumulator layout is mma.sync's m16n8 one per warp (warp w of the group owns rows
 // 16w..16w+15; register 4j+e is n8 block j), so masking, softmax and the epilogue follow
 // flash_fwd.cu.
@@ -28,22 +29,25 @@
 namespace ptxattn {
 namespace sm90 {
 
-// One variant: head dim D (= Dqk = Dv, 64 or 128) and GROUPS warpgroups of 64 query rows.
+// One variant: head dims DQK (Q and K, a multiple of 64) and DV (V and O: 64, 128 or 256),
+// GROUPS warpgroups of 64 query rows, KEYS keys a K/V tile (wgmma N of S: 128, or 64 where
+// two 128-key stages do not fit beside Q). Calls with smaller head dims run the smallest
+// variant that holds them, their columns zero-padded in shared memory (dim_qk / dim_v).
 // Shared memory holds Q, then two stages of (K, V); its base is rounded up to 1024 bytes.
-template <int D_, int GROUPS_>
+template <int DQK_, int DV_, int GROUPS_, int KEYS_>
 struct Sm90Tile {
-  static constexpr int D = D_, GROUPS = GROUPS_;
+  static constexpr int DQK = DQK_, DV = DV_, GROUPS = GROUPS_, KEYS = KEYS_;
   static constexpr int THREADS = 128 * GROUPS;
   static constexpr int ROWS = 64 * GROUPS;       // query rows a CTA
-  static constexpr int KEYS = 128;               // keys a K/V tile (wgmma N of S)
   static constexpr int Q_HALF = ROWS * 128;      // one [ROWS][64] half of the Q tile, bytes
-  static constexpr int KV_HALF = KEYS * 128;
-  static constexpr int Q_BYTES = Q_HALF * (D / 64);
-  static constexpr int KV_BYTES = KV_HALF * (D / 64);
-  static constexpr int SHARED = Q_BYTES + 4 * KV_BYTES + 1024;
-  static constexpr int FP8_STAGING = 2 * KEYS * D;  // fp8 kernels: the next tile's K and V bytes, after the rest
-  static_assert(D == 64 || D == 128, "head dim");
-  static_assert(SHARED + FP8_STAGING <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
+  static constexpr int KV_HALF = KEYS * 128;     // one [KEYS][64] half of a K or V tile
+  static constexpr int Q_BYTES = Q_HALF * (DQK / 64);
+  static constexpr int K_BYTES = KV_HALF * (DQK / 64), V_BYTES = KV_HALF * (DV / 64);
+  static constexpr int SHARED = Q_BYTES + 2 * (K_BYTES + V_BYTES) + 1024;
+  static constexpr int FP8_STAGING = 2 * KEYS * DQK;  // fp8 kernels: the next tile's K and V bytes, after the rest
+  static_assert(DQK % 64 == 0 && DQK <= 256 && (DV == 64 || DV == 128 || DV == 256), "head dims");
+  static_assert(KEYS == 64 || KEYS == 128, "S is m64n64 or m64n128");
+  static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
 };
 
 // ---- wgmma wrappers ----------------------------------------------------------------
@@ -104,20 +108,26 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
   "+f"(d[30]), "+f"(d[31])
 
-// d (m64 x n128, fp32) = (accumulate ? d : 0) + A (smem, K-major) * B (smem, K-major).
-#define PTXATTN_WGMMA_SS(TYPE)                                                         \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                            \
-               "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " "         \
-               PTXATTN_REGS64 ", %64, %65, p, 1, 1, 0, 0;\n}\n"                        \
-               : PTXATTN_OUTS64                                                        \
+// d (m64 x nN, fp32) = (accumulate ? d : 0) + A (smem, K-major) * B (smem, K-major),
+// N = 2 * (registers of d); DESCS and FLAG name the descriptors' and accumulate's operands.
+#define PTXATTN_WGMMA_SS(N, TYPE, REGS, OUTS, DESCS, FLAG)                                 \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLAG ", 0;\n"                          \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " REGS      \
+               ", " DESCS ", p, 1, 1, 0, 0;\n}\n"                                           \
+               : OUTS                                                                        \
                : "l"(a_desc), "l"(b_desc), "r"(accumulate))
-template <class T>
-__device__ __forceinline__ void wgmma_ss(float (&d)[64], unsigned long long a_desc,
+template <class T, int R>
+__device__ __forceinline__ void wgmma_ss(float (&d)[R], unsigned long long a_desc,
                                          unsigned long long b_desc, int accumulate) {
-  if constexpr (is_bf16<T>) {
-    PTXATTN_WGMMA_SS("bf16");
+  static_assert(R == 64 || R == 32, "m64n128 or m64n64");
+  if constexpr (R == 64 && is_bf16<T>) {
+    PTXATTN_WGMMA_SS(128, "bf16", PTXATTN_REGS64, PTXATTN_OUTS64, "%64, %65", "%66");
+  } else if constexpr (R == 64) {
+    PTXATTN_WGMMA_SS(128, "f16", PTXATTN_REGS64, PTXATTN_OUTS64, "%64, %65", "%66");
+  } else if constexpr (is_bf16<T>) {
+    PTXATTN_WGMMA_SS(64, "bf16", PTXATTN_REGS32, PTXATTN_OUTS32, "%32, %33", "%34");
   } else {
-    PTXATTN_WGMMA_SS("f16");
+    PTXATTN_WGMMA_SS(64, "f16", PTXATTN_REGS32, PTXATTN_OUTS32, "%32, %33", "%34");
   }
 }
 
@@ -150,18 +160,30 @@ __device__ __forceinline__ unsigned sw128_offset(int r, int c) {
   return (c >> 3) * (ROWS * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
+// Threads a row of D elements takes in the tile copies: one a 16-byte chunk, rounded up to a
+// power of two (D = 192: a quarter of them idle) so that a thread's rows keep one swizzle phase.
+template <int D>
+constexpr int kLanesPerRow = D <= 64 ? 8 : D <= 128 ? 16 : 32;
+
+// Bytes of 16-byte chunk c of a row that lie inside its first `cols` elements, a multiple of 8
+// (chunks past them are zero-filled: zero-padded head dims).
+__device__ __forceinline__ int chunk_bytes(int c, int cols) { return 8 * c < cols ? 16 : 0; }
+
 // A [ROWS][D] tile whose row r starts at g + r * row_stride into the swizzled layout at
-// shared address dst (halves ROWS * 128 bytes apart); rows >= rows_valid become zeros (so
-// padding cannot inject NaN). Thread t copies chunk t % (D / 8) of rows t / (D / 8) + k *
-// step: its addresses advance by constants. UNROLL > 0 unrolls the copies only that far (the
-// warp-specialized producer's few registers).
+// shared address dst (halves ROWS * 128 bytes apart); rows >= rows_valid and columns >= cols
+// become zeros (so padding cannot inject NaN). Thread t copies chunk t % L of rows t / L +
+// k * step (L = kLanesPerRow<D>): its addresses advance by constants. UNROLL > 0 unrolls the
+// copies only that far (the warp-specialized producer's few registers).
 template <class T, int ROWS, int D, int THREADS, int UNROLL = 0>
-__device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long row_stride, int rows_valid) {
-  constexpr int kChunksPerRow = D / 8, kStep = THREADS / kChunksPerRow;
+__device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long row_stride, int rows_valid,
+                                          int cols = D) {
+  constexpr int kLanes = kLanesPerRow<D>, kStep = THREADS / kLanes;
   constexpr int kIters = (ROWS + kStep - 1) / kStep;
-  const int tid = threadIdx.x, r0 = tid / kChunksPerRow, c = tid % kChunksPerRow;
+  const int tid = threadIdx.x, r0 = tid / kLanes, c = tid % kLanes;
+  if (kLanes != D / 8 && c >= D / 8) return;
   const unsigned d0 = dst + sw128_offset<ROWS>(r0, c);
   const T* src = g + r0 * row_stride + c * 8;
+  const int bytes = chunk_bytes(c, cols);
   static_assert(kStep % 8 == 0, "a thread's rows keep one swizzle phase");
 #pragma unroll(UNROLL > 0 ? UNROLL : kIters)
   for (int i = 0; i < kIters; ++i) {
@@ -169,7 +191,7 @@ __device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long ro
     if (ROWS % kStep != 0 && r >= ROWS) break;
     const bool read = r < rows_valid;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0 + i * kStep * 128),
-                 "l"(read ? src + i * kStep * row_stride : g), "r"(read ? 16 : 0));
+                 "l"(read ? src + i * kStep * row_stride : g), "r"(read ? bytes : 0));
   }
 }
 
@@ -186,15 +208,17 @@ __device__ __forceinline__ void fetch_page_ids(int* ids, const FlashFwdParams& p
   }
 }
 
-// As load_tile for the K and V tiles at once, from paged pools: row r is key n0 + r (n0 a
-// multiple of ROWS), in page ids[r >> page_size_log2], one page lookup for both; a page
-// outside the pool is reported and its rows become zeros.
-template <class T, int ROWS, int D, int THREADS>
+// As load_tile for the K ([ROWS][DQK]) and V ([ROWS][DV]) tiles at once, from paged pools: row
+// r is key n0 + r (n0 a multiple of ROWS), in page ids[r >> page_size_log2], one page lookup
+// for both; a page outside the pool is reported and its rows become zeros.
+template <class T, int ROWS, int DQK, int DV, int THREADS>
 __device__ __forceinline__ void load_paged_kv(unsigned k_dst, unsigned v_dst, const FlashFwdParams& p, const T* k_pool,
                                               const T* v_pool, const int* ids, int b, int n0, int rows_valid) {
-  constexpr int kChunksPerRow = D / 8, kStep = THREADS / kChunksPerRow;
+  constexpr int kLanes = kLanesPerRow<(DQK > DV ? DQK : DV)>, kStep = THREADS / kLanes;
   constexpr int kIters = (ROWS + kStep - 1) / kStep;
-  const int tid = threadIdx.x, r0 = tid / kChunksPerRow, c = tid % kChunksPerRow;
+  const int tid = threadIdx.x, r0 = tid / kLanes, c = tid % kLanes;
+  const bool copies_k = kLanes == DQK / 8 || c < DQK / 8, copies_v = kLanes == DV / 8 || c < DV / 8;
+  const int k_bytes = chunk_bytes(c, p.dim_qk), v_bytes = chunk_bytes(c, p.dim_v);
   const unsigned d0 = sw128_offset<ROWS>(r0, c);
   const int in_page = (1 << p.page_size_log2) - 1;
 #pragma unroll
@@ -211,10 +235,12 @@ __device__ __forceinline__ void load_paged_kv(unsigned k_dst, unsigned v_dst, co
     const T* k_row = k_pool + page * p.k_batch_stride + tok * p.k_seq_stride + c * 8;
     const T* v_row = v_pool + page * p.v_batch_stride + tok * p.v_seq_stride + c * 8;
     const unsigned offset = d0 + i * kStep * 128;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(k_dst + offset), "l"(read ? k_row : k_pool),
-                 "r"(read ? 16 : 0));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(v_dst + offset), "l"(read ? v_row : v_pool),
-                 "r"(read ? 16 : 0));
+    if (copies_k)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(k_dst + offset),
+                   "l"(read ? k_row : k_pool), "r"(read ? k_bytes : 0));
+    if (copies_v)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(v_dst + offset),
+                   "l"(read ? v_row : v_pool), "r"(read ? v_bytes : 0));
   }
 }
 
@@ -263,13 +289,13 @@ __device__ __forceinline__ void convert_fp8_rows(unsigned dst, float* key_scales
 }
 
 // ---- the per-tile steps of a warpgroup (flash_fwd_wgmma, and flash_fwd_sm90_ws.cuh's consumers) ----
-// S = Q K^T issued (not waited for): D / 16 k16 steps, 4 in each half (32 bytes a step inside
-// a row); q_group is the warpgroup's 64 rows of the Q tile, k the K stage.
+// S = Q K^T issued (not waited for): DQK / 16 k16 steps, 4 in each half (32 bytes a step
+// inside a row); q_group is the warpgroup's 64 rows of the Q tile, k the K stage.
 template <class T, class Tile>
-__device__ __forceinline__ void issue_qk(float (&s)[64], unsigned q_group, unsigned k) {
+__device__ __forceinline__ void issue_qk(float (&s)[Tile::KEYS / 2], unsigned q_group, unsigned k) {
   wgmma_fence();
 #pragma unroll
-  for (int ks = 0; ks < Tile::D / 16; ++ks) {
+  for (int ks = 0; ks < Tile::DQK / 16; ++ks) {
     const unsigned step = (ks & 3) * 32, half = ks >> 2;
     wgmma_ss<T>(s, k_major_desc(q_group + half * Tile::Q_HALF + step), k_major_desc(k + half * Tile::KV_HALF + step),
                 ks > 0);
@@ -280,7 +306,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[64], unsigned q_group, unsig
 // Cuts the keys of key tile n0 outside a row's causal/window range or past Skv (on the tiles
 // that have any); group_row0 is the warpgroup's first row, my_row this thread's first.
 template <int KEYS>
-__device__ __forceinline__ void cut_keys(float (&s)[64], const KeyWindow& win, int n0, int seq_kv, int group_row0,
+__device__ __forceinline__ void cut_keys(float (&s)[KEYS / 2], const KeyWindow& win, int n0, int seq_kv, int group_row0,
                                          int my_row, int lane) {
   if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
       n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
@@ -303,7 +329,7 @@ __device__ __forceinline__ void cut_keys(float (&s)[64], const KeyWindow& win, i
 // (unrounded), the row maxima and sums move on, and O is rescaled by alpha (RESCALE), or
 // alpha is left for the caller to apply once O's pending P V is done.
 template <int KEYS, int O_REGS, bool RESCALE>
-__device__ __forceinline__ void online_softmax(float (&s)[64], float (&o)[O_REGS], float (&row_max)[2],
+__device__ __forceinline__ void online_softmax(float (&s)[KEYS / 2], float (&o)[O_REGS], float (&row_max)[2],
                                                float (&row_sum)[2], float mul, float (&alpha_out)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -350,23 +376,30 @@ __device__ __forceinline__ void rescale_o(float (&o)[O_REGS], const float (&alph
 // P (rounded to T) as P V's A fragments: keys 16 kk .. 16 kk + 15 are n8 blocks 2 kk and
 // 2 kk + 1 of S.
 template <class T, int KEYS>
-__device__ __forceinline__ void pack_p(const float (&s)[64], unsigned (&pa)[KEYS / 16][4]) {
+__device__ __forceinline__ void pack_p(const float (&s)[KEYS / 2], unsigned (&pa)[KEYS / 16][4]) {
 #pragma unroll
   for (int kk = 0; kk < KEYS / 16; ++kk) scores_as_a_operand<T>(s + 8 * kk, pa[kk]);
 }
 
 // O += P V issued (not waited for); v is the V stage. Every A fragment is packed before the
-// first wgmma, so one fence covers them all.
+// first wgmma, so one fence covers them all. O is one m64n64 or m64n128 accumulator, or (DV =
+// 256) two m64n128 ones side by side, the second over V's halves 2 and 3.
 template <class T, class Tile, int O_REGS>
 __device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa)[Tile::KEYS / 16][4], unsigned v) {
+  constexpr int kSlab = O_REGS < 64 ? O_REGS : 64;  // accumulators of one wgmma
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < Tile::KEYS / 16; ++kk) wgmma_rs<T>(o, pa[kk], mn_major_desc(v + kk * 16 * 128, Tile::KV_HALF));
+  for (int kk = 0; kk < Tile::KEYS / 16; ++kk)
+#pragma unroll
+    for (int n = 0; n < O_REGS / kSlab; ++n)
+      wgmma_rs<T>(*reinterpret_cast<float(*)[kSlab]>(o + n * kSlab), pa[kk],
+                  mn_major_desc(v + n * 2 * Tile::KV_HALF + kk * 16 * 128, Tile::KV_HALF));
   wgmma_commit();
 }
 
 // Finish: quad-reduce the row sums (fixed xor order), normalise, store this thread's rows
-// my_row and my_row + 8 of head h (and their LSE).
+// my_row and my_row + 8 of head h (their first dim_v columns, a multiple of 8: D may be
+// padded) and their LSE.
 template <class T, int D>
 __device__ __forceinline__ void store_rows(const FlashFwdParams& p, const TileRef& st, int h, const float (&o)[D / 2],
                                            const float (&row_max)[2], const float (&row_sum)[2], int my_row, int lane) {
@@ -385,7 +418,7 @@ __device__ __forceinline__ void store_rows(const FlashFwdParams& p, const TileRe
     for (int j = 0; j < D / 8; ++j) {
       const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
       const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
-      *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
+      if (j * 8 < p.dim_v) *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
     }
     if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
   }
@@ -400,12 +433,14 @@ extern __shared__ __align__(1024) unsigned char smem[];
 // are fp8 (kv_fp8) with their scales, packed or paged alike (PAGED is false).
 template <class T, class Tile, bool PAGED, bool GENERAL, bool FP8>
 __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
-  constexpr int D = Tile::D, ROWS = Tile::ROWS, KEYS = Tile::KEYS, THREADS = Tile::THREADS;
-  constexpr int O_REGS = D / 2;  // fp32 accumulators of O a thread
+  constexpr int DQK = Tile::DQK, DV = Tile::DV, ROWS = Tile::ROWS, KEYS = Tile::KEYS, THREADS = Tile::THREADS;
+  constexpr int O_REGS = DV / 2;  // fp32 accumulators of O a thread
+  static_assert(!FP8 || (DQK == DV && Tile::SHARED + Tile::FP8_STAGING <= 227 * 1024 - 4096),
+                "fp8 kernels: square head dims, and the staging area beside the stages");
   const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
   const unsigned q_addr = base;
-  auto k_addr = [&](int stage) { return base + Tile::Q_BYTES + 2 * stage * Tile::KV_BYTES; };
-  auto v_addr = [&](int stage) { return k_addr(stage) + Tile::KV_BYTES; };
+  auto k_addr = [&](int stage) { return base + Tile::Q_BYTES + stage * (Tile::K_BYTES + Tile::V_BYTES); };
+  auto v_addr = [&](int stage) { return k_addr(stage) + Tile::K_BYTES; };
 
   const int tid = threadIdx.x, group = tid >> 7, lane = tid & 31, warp_in_group = (tid >> 5) & 3;
   __shared__ SeqTile tile_info;
@@ -433,9 +468,9 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   auto stage_fp8 = [&](int tile) {
     if constexpr (FP8) {
       const int n0 = tile * KEYS, rows_valid = st.seq_kv() - n0;
-      stage_fp8_rows<KEYS, D, THREADS>(staging, staged_scales[0], p, fp8_rows<false>(p, hk), st.b(), st.k_tok0(), n0,
+      stage_fp8_rows<KEYS, DQK, THREADS>(staging, staged_scales[0], p, fp8_rows<false>(p, hk), st.b(), st.k_tok0(), n0,
                                        rows_valid);
-      stage_fp8_rows<KEYS, D, THREADS>(staging + KEYS * D, staged_scales[1], p, fp8_rows<true>(p, hk), st.b(),
+      stage_fp8_rows<KEYS, DQK, THREADS>(staging + KEYS * DQK, staged_scales[1], p, fp8_rows<true>(p, hk), st.b(),
                                        st.k_tok0(), n0, rows_valid);
     }
   };
@@ -444,23 +479,23 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   auto load_kv = [&](int stage, int tile) {
     const int n0 = tile * KEYS, seq_kv = st.seq_kv();
     if constexpr (FP8) {
-      convert_fp8_rows<T, KEYS, D, THREADS>(k_addr(stage), key_scales[stage][0], staging, staged_scales[0], p.kv_fp8);
-      convert_fp8_rows<T, KEYS, D, THREADS>(v_addr(stage), key_scales[stage][1], staging + KEYS * D,
+      convert_fp8_rows<T, KEYS, DQK, THREADS>(k_addr(stage), key_scales[stage][0], staging, staged_scales[0], p.kv_fp8);
+      convert_fp8_rows<T, KEYS, DQK, THREADS>(v_addr(stage), key_scales[stage][1], staging + KEYS * DQK,
                                             staged_scales[1], p.kv_fp8);
       if (tile + 1 < tile_end) stage_fp8(tile + 1);
       return;
     }
     if constexpr (PAGED) {
       const int b = st.b();
-      load_paged_kv<T, KEYS, D, THREADS>(k_addr(stage), v_addr(stage), p, gk, gv, page_ids[tile & 1], b, n0,
+      load_paged_kv<T, KEYS, DQK, DV, THREADS>(k_addr(stage), v_addr(stage), p, gk, gv, page_ids[tile & 1], b, n0,
                                          seq_kv - n0);
       // page_ids[(tile + 1) & 1] was last read by the copies of tile - 1, before the barrier
       // that precedes this call.
       if (tile + 1 < tile_end) fetch_page_ids<KEYS>(page_ids[(tile + 1) & 1], p, b, n0 + KEYS, seq_kv);
       return;
     }
-    load_tile<T, KEYS, D, THREADS>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, seq_kv - n0);
-    load_tile<T, KEYS, D, THREADS>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, seq_kv - n0);
+    load_tile<T, KEYS, DQK, THREADS>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, seq_kv - n0, p.dim_qk);
+    load_tile<T, KEYS, DV, THREADS>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, seq_kv - n0, p.dim_v);
   };
 
   // This thread's rows: my_row and my_row + 8 (accumulator registers 4j + {0,1} / {2,3}).
@@ -483,7 +518,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       cp_async_wait<0>();
       __syncthreads();
     }
-    load_tile<T, ROWS, D, THREADS>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0);
+    load_tile<T, ROWS, DQK, THREADS>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
     if constexpr (FP8) {  // the first tile's bytes, before its conversion
       stage_fp8(tile_begin);
       cp_async_commit();
@@ -516,7 +551,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
         continue;
       }
 
-      float s[64];
+      float s[KEYS / 2];
       issue_qk<T, Tile>(s, q_group, k_addr(stage));
       if constexpr (FP8) load_next();
       wgmma_wait_all();
@@ -543,7 +578,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
     }
   }
 
-  store_rows<T, D>(p, st, h, o, row_max, row_sum, my_row, lane);
+  store_rows<T, DV>(p, st, h, o, row_max, row_sum, my_row, lane);
 }
 
 }  // namespace sm90
@@ -552,17 +587,17 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 // ---- entry points: the flash_fwd_sm90 table of cu/variants.json ---------------------------
 // scripts/build_ptx.py compiles this file with variants.inc made from it, one FLASH_FWD_SM90
 // (or, fp8 variants, FLASH_FWD_SM90_FP8) line a variant and dtype.
-#define PTXATTN_SM90_ENTRY(NAME, T, D, GROUPS, PAGED, GENERAL, FP8)                                 \
-  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<D, GROUPS>::THREADS, 1)      \
-      NAME(const ptxattn::FlashFwdParams p) {                                                    \
-    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<D, GROUPS>, PAGED, GENERAL, FP8>(p); \
+#define PTXATTN_SM90_ENTRY(NAME, T, DQK, DV, GROUPS, KEYS, PAGED, GENERAL, FP8)                              \
+  extern "C" __global__ void __launch_bounds__(ptxattn::sm90::Sm90Tile<DQK, DV, GROUPS, KEYS>::THREADS, 1)    \
+      NAME(const ptxattn::FlashFwdParams p) {                                                              \
+    ptxattn::sm90::flash_fwd_wgmma<T, ptxattn::sm90::Sm90Tile<DQK, DV, GROUPS, KEYS>, PAGED, GENERAL, FP8>(p); \
   }
 // NAME reads K and V through strides (dense and ragged calls), NAME##_paged through a block table.
-#define FLASH_FWD_SM90(NAME, T, D, GROUPS, GENERAL)                \
-  PTXATTN_SM90_ENTRY(NAME, T, D, GROUPS, false, GENERAL, false) \
-  PTXATTN_SM90_ENTRY(NAME##_paged, T, D, GROUPS, true, GENERAL, false)
+#define FLASH_FWD_SM90(NAME, T, DQK, DV, GROUPS, KEYS, GENERAL)                \
+  PTXATTN_SM90_ENTRY(NAME, T, DQK, DV, GROUPS, KEYS, false, GENERAL, false) \
+  PTXATTN_SM90_ENTRY(NAME##_paged, T, DQK, DV, GROUPS, KEYS, true, GENERAL, false)
 // NAME reads fp8 K and V, strided or paged (the fp8 loads look pages up themselves).
-#define FLASH_FWD_SM90_FP8(NAME, T, D, GROUPS, GENERAL) PTXATTN_SM90_ENTRY(NAME, T, D, GROUPS, false, GENERAL, true)
+#define FLASH_FWD_SM90_FP8(NAME, T, D, GROUPS, GENERAL) PTXATTN_SM90_ENTRY(NAME, T, D, D, GROUPS, 128, false, GENERAL, true)
 
 // Three warpgroups: while one runs its softmax the others keep the tensor cores busy.
 // General kernels have two: their per-element mask and softcap work spilled hundreds of

@@ -81,6 +81,7 @@ namespace sm90 {
 template <int D_, int STAGES_>
 struct WsTile {
   static constexpr int D = D_, STAGES = STAGES_;
+  static constexpr int DQK = D, DV = D;  // the names of the shared per-tile steps
   static constexpr int CONSUMERS = 2;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int ROWS = 64 * CONSUMERS;  // query rows a CTA

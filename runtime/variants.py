@@ -111,11 +111,14 @@ class Fp8Variant:
 
 @dataclass(frozen=True)
 class Sm90Tile:
-    """Sm90Tile<dim, groups> of cu/flash_fwd_sm90.cu (wgmma, sm_90a PTX): `groups` warpgroups of
-    64 query rows, 128-key K/V tiles, Dqk = Dv = dim; `general` kernels take the calls with a
-    mask, softcap or scale <= 0; `fp8` ones read fp8 K/V (strided or paged, one entry point)."""
+    """Sm90Tile<dim, dim_v, groups, keys> of cu/flash_fwd_sm90.cu (wgmma, sm_90a PTX): `groups`
+    warpgroups of 64 query rows, `keys`-key K/V tiles, head dims Dqk = dim and Dv = dim_v (calls
+    with smaller ones run zero-padded); `general` kernels take the calls with a mask, softcap or
+    scale <= 0; `fp8` ones read fp8 K/V (strided or paged, one entry point)."""
     dim: int
+    dim_v: int
     groups: int
+    keys: int = 128
     general: bool = False
     fp8: bool = False
     ws: bool = False  # warp-specialized (cu/flash_fwd_sm90_ws.cuh): `groups` consumers and a producer
@@ -134,16 +137,21 @@ class Sm90Tile:
     def shared_bytes(self) -> int:
         # Q, the stages of K and V, and 1024 bytes to align the base for the swizzle; fp8
         # kernels add the staging area of the next tile's K and V bytes.
-        return (2 * self.dim * (self.rows + 2 * self.stages * 128) + 1024 +
-                (2 * 128 * self.dim if self.fp8 else 0))
+        return (2 * (self.dim * self.rows + self.stages * self.keys * (self.dim + self.dim_v)) + 1024 +
+                (2 * self.keys * self.dim if self.fp8 else 0))
+
+    def holds(self, dqk: int, dv: int) -> bool:
+        """A call of head dims (dqk, dv) can run this tile (zero-padded where smaller)."""
+        return dqk <= self.dim and dv <= self.dim_v
 
     def kernel(self, dtype: str, paged: bool = False) -> str:
         """The entry point for `dtype`; `paged` K/V (a block table) have one of their own, but
         for fp8 K/V (and none for warp-specialized kernels: strided K/V only)."""
+        dims = f"d{self.dim}" + (f"_{self.dim_v}" if self.dim_v != self.dim else "")
         if self.ws:
-            return f"flash_fwd_sm90_{dtype}_d{self.dim}_ws{'_pp' if self.pingpong else ''}"
+            return f"flash_fwd_sm90_{dtype}_{dims}_ws{'_pp' if self.pingpong else ''}"
         tail = "_fp8" if self.fp8 else "_paged" if paged else ""
-        return f"flash_fwd_sm90_{dtype}_d{self.dim}{'_general' if self.general else ''}{tail}"
+        return f"flash_fwd_sm90_{dtype}_{dims}{'_general' if self.general else ''}{tail}"
 
 
 @dataclass(frozen=True)
@@ -212,15 +220,17 @@ def sdpa_fp8_variants() -> Mapping[int, Fp8Variant]:
 def _sm90_tiles(fp8: bool, ws: bool = False, pingpong: bool = False) -> list[Sm90Tile]:
     """flash_fwd_sm90's tiles over fp8 K/V, or over K/V in q's dtype; warp-specialized ones
     (ws) apart, and among them the ping-pong ones."""
-    return [_from_record(Sm90Tile, {"fp8": False, "ws": False, "stages": 2, "pingpong": False, **v})
+    return [_from_record(Sm90Tile, {"dim_v": v["dim"], "keys": 128, "fp8": False, "ws": False, "stages": 2,
+                                    "pingpong": False, **v})
             for v in _variants("flash_fwd_sm90")
             if v.get("fp8", False) == fp8 and v.get("ws", False) == ws and v.get("pingpong", False) == pingpong]
 
 
 @functools.cache
-def sm90_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
-    """flash_fwd_sm90's tiles over f16 / bf16 K/V by (head dim (Dqk = Dv), general)."""
-    return MappingProxyType({(t.dim, t.general): t for t in _sm90_tiles(fp8=False)})
+def sm90_tiles() -> Mapping[tuple[int, int, bool], Sm90Tile]:
+    """flash_fwd_sm90's tiles over f16 / bf16 K/V by (Dqk, Dv, general), smallest first."""
+    tiles = sorted(_sm90_tiles(fp8=False), key=lambda t: (t.dim, t.dim_v))
+    return MappingProxyType({(t.dim, t.dim_v, t.general): t for t in tiles})
 
 
 @functools.cache

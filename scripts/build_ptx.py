@@ -134,10 +134,16 @@ def _flash_fwd_sm90(info):
                 yield (f"FLASH_FWD_SM90_WS({name}, {C_TYPES[dtype]}, {v['dim']}, {v['stages']}, "
                        f"{c_literal(pingpong)})", [name])
             continue
+        dim_v, keys = v.get("dim_v", v["dim"]), v.get("keys", 128)  # Dv (default Dqk = dim), keys a K/V tile
+        dims = f"d{v['dim']}" + (f"_{dim_v}" if dim_v != v["dim"] else "")
         for dtype in info["dtypes"]:
-            name = f"flash_fwd_sm90_{dtype}_d{v['dim']}{'_general' if v['general'] else ''}{'_fp8' if fp8 else ''}"
-            args = f"({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, {c_literal(v['general'])})"
-            yield (f"FLASH_FWD_SM90_FP8{args}", [name]) if fp8 else (f"FLASH_FWD_SM90{args}", [name, f"{name}_paged"])
+            name = f"flash_fwd_sm90_{dtype}_{dims}{'_general' if v['general'] else ''}{'_fp8' if fp8 else ''}"
+            if fp8:
+                yield f"FLASH_FWD_SM90_FP8({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, " \
+                      f"{c_literal(v['general'])})", [name]
+            else:
+                yield (f"FLASH_FWD_SM90({name}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {v['groups']}, {keys}, "
+                       f"{c_literal(v['general'])})", [name, f"{name}_paged"])
 
 
 def _decode(info):

@@ -56,7 +56,7 @@ def build(out: Path) -> None:
     out.write_text(compile_with("flash_fwd.cu", "compute_90", [
         f"FLASH_FWD_TC({kernel_name(t)}, __nv_bfloat16, false, {', '.join(map(c_literal, t))})" for t in CANDIDATES]))
     _sm90_path(out).write_text(compile_with("flash_fwd_sm90.cu", "compute_90a", [
-        f"FLASH_FWD_SM90({sm90_kernel_name(t)}, __nv_bfloat16, {t[0]}, {t[1]}, false)" for t in SM90_CANDIDATES]))
+        f"FLASH_FWD_SM90({sm90_kernel_name(t)}, __nv_bfloat16, {t[0]}, {t[0]}, {t[1]}, 128, false)" for t in SM90_CANDIDATES]))
     print(f"sdpa_tune: {len(CANDIDATES)} + {len(SM90_CANDIDATES)} candidates -> {out}, {_sm90_path(out)}")
 
 
@@ -92,8 +92,8 @@ def run(ptx_path: Path) -> None:
         candidates.append((kernel, shape.rows, shape.threads, shape.shared_bytes, tile[0], shape in shipped))
     sm90 = load(_sm90_path(ptx_path), [sm90_kernel_name(t) for t in SM90_CANDIDATES])
     for (dim, groups), kernel in zip(SM90_CANDIDATES, sm90):
-        shape = Sm90Tile(dim, groups)
-        shipped_sm90 = sm90_tiles().get((dim, False)) == shape
+        shape = Sm90Tile(dim, dim, groups)
+        shipped_sm90 = sm90_tiles().get((dim, dim, False)) == shape
         candidates.append((kernel, shape.rows, shape.threads, shape.shared_bytes, dim, shipped_sm90))
     print(f"{'shape':<34} {'kernel':<28} {'smem':>6} {'ms':>8} {'TFLOP/s':>8} {'rel_err':>8}")
     for shape in SHAPES:

@@ -13,6 +13,7 @@ import pytest
 import ptxattn
 from ptxattn import DeviceArray, reference
 from ptxattn.ops import attention
+from ptxattn.variants import sm90_ws_tiles
 
 from gpu_util import GuardedOutput, relative_error
 
@@ -267,6 +268,14 @@ def test_strided_bshd_inputs_and_output(dtype, offset, rng):
     (F16, 64, {"softcap": 5.0, "window": (40, 7)}, "flash_fwd_sm90_f16_d64_general"),
     (BF16, 64, {"mask": "qk", "mask_dtype": np.dtype(bool), "sinks": True}, "flash_fwd_sm90_bf16_d64_general"),
     (F16, 128, {"scale": -0.05, "mask": "bhq1", "mask_dtype": F32}, "flash_fwd_sm90_f16_d128_general"),
+    # Other head dims: the smallest wgmma tile that holds them, zero-padded.
+    (BF16, (256, 256), {"causal": True}, "flash_fwd_sm90_bf16_d256"),
+    (F16, (192, 128), {"causal": True, "align": "bottom_right", "sinks": True}, "flash_fwd_sm90_f16_d192_128"),
+    (BF16, (96, 96), {"window": (100, 3)}, "flash_fwd_sm90_bf16_d128"),
+    (F16, (80, 48), {}, "flash_fwd_sm90_f16_d128"),
+    (BF16, (256, 256), {"softcap": 30.0, "causal": True}, "flash_fwd_sm90_bf16_d256_general"),
+    (F16, (160, 128), {"mask": "bhqk", "mask_dtype": np.dtype(bool)}, "flash_fwd_sm90_f16_d192_128_general"),
+    (BF16, (40, 40), {"mask": "k", "mask_dtype": BF16, "sinks": True}, "flash_fwd_sm90_bf16_d64_general"),
 ])
 def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options, kernel):
     from ptxattn.driver import cu
@@ -285,9 +294,10 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options,
         return launch(function, *args)
 
     monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
-    if not options and attention.sm90_ws_enabled():
-        kernel += "_ws" + "_pp" * (d in attention.sm90_pingpong_dims())
-    case = Case(dtype, 1, 2, 2, 300, 333, d, d, **options)
+    dqk, dv = d if isinstance(d, tuple) else (d, d)
+    if not options and attention.sm90_ws_enabled() and dqk == dv and dqk in sm90_ws_tiles():
+        kernel += "_ws" + "_pp" * (dqk in attention.sm90_pingpong_dims())
+    case = Case(dtype, 1, 2, 2, 300, 333, dqk, dv, **options)
     o, lse, inputs = _run_device(case, rng)
     with ptxattn.on_device(device):
         wanted = int(get_kernel(kernel, device).function)

@@ -125,7 +125,7 @@ def test_plan_kernel():
 
 
 def test_plan_general_variant_for_masks_and_softcap():
-    plan = attention.plan_kernel(np.dtype(np.float16), 100, 100, True, True)
+    plan = attention.plan_kernel(np.dtype(np.float16), 100, 100, True, False)
     assert plan.kernel == "flash_fwd_f16_d128_general" and plan.rows == 128 and plan.threads == 256
     assert plan.shared == 2 * 3 * 64 * 256  # three stages of 64 keys; Q borrows the last one
 
@@ -144,12 +144,41 @@ def test_plan_wgmma_kernel_on_sm90():
     assert plan.kernel == "flash_fwd_sm90_f16_d128_general" and plan.rows == 128 and plan.threads == 256
     assert attention.plan_kernel(np.dtype(np.float16), 64, 64, True, True, paged=True).kernel == \
         "flash_fwd_sm90_f16_d64_general_paged"
-    # Everything else keeps the mma.sync kernels.
+    # Unaligned tensors (or a device without sm_90a PTX) keep the mma.sync kernels.
     assert attention.plan_kernel(np.dtype(np.float16), 128, 128, True, False).kernel == "flash_fwd_f16_d128_general"
     assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d64"
     assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, False).kernel == "flash_fwd_bf16_d64"
-    assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True).kernel == "flash_fwd_bf16_d128"
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 64, False, True).kernel == "flash_fwd_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, False).kernel == "flash_fwd_bf16_d128"
+    # So do head dims the wgmma kernels cannot zero-pad in 16-byte chunks (not multiples of 8).
+    assert attention.plan_kernel(ptxattn.bfloat16, 100, 100, False, True).kernel == "flash_fwd_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 64, 60, True, True).kernel == "flash_fwd_bf16_d64_general"
+
+
+@pytest.mark.parametrize("dqk, dv, general, kernel", [
+    # Every head dim runs a wgmma tile: the smallest that holds it, zero-padded.
+    (96, 96, False, "flash_fwd_sm90_bf16_d128"),
+    (128, 64, False, "flash_fwd_sm90_bf16_d128"),
+    (8, 8, True, "flash_fwd_sm90_bf16_d64_general"),
+    (80, 80, True, "flash_fwd_sm90_bf16_d128_general"),
+    (192, 128, False, "flash_fwd_sm90_bf16_d192_128"),
+    (160, 128, True, "flash_fwd_sm90_bf16_d192_128_general"),
+    (192, 192, False, "flash_fwd_sm90_bf16_d256"),
+    (200, 136, True, "flash_fwd_sm90_bf16_d256_general"),
+    (256, 256, False, "flash_fwd_sm90_bf16_d256"),
+    (64, 256, False, "flash_fwd_sm90_bf16_d256"),
+])
+def test_plan_wgmma_tile_for_every_head_dim(dqk, dv, general, kernel):
+    plan = attention.plan_kernel(ptxattn.bfloat16, dqk, dv, general, True, ws=False)
+    assert plan.kernel == kernel
+    assert attention.plan_kernel(ptxattn.bfloat16, dqk, dv, general, True, paged=True).kernel == kernel + "_paged"
+
+
+def test_plan_wgmma_tiles_of_the_larger_head_dims():
+    # Two warpgroups; Dqk 192 / Dv 128: two stages of 128 keys; D256: two stages of 64 keys.
+    plan = attention.plan_kernel(ptxattn.bfloat16, 192, 128, False, True)
+    assert (plan.rows, plan.threads, plan.shared) == (128, 256, 2 * (192 * 128 + 2 * 128 * (192 + 128)) + 1024)
+    plan = attention.plan_kernel(ptxattn.bfloat16, 256, 256, True, True)
+    assert (plan.rows, plan.threads, plan.shared) == (128, 256, 2 * (256 * 128 + 2 * 64 * 512) + 1024)
 
 
 def test_plan_sm90_ws_kernel_unless_opted_out():
@@ -166,7 +195,7 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, paged=True, ws=True).kernel == \
         "flash_fwd_sm90_bf16_d128_paged"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, ws=True).kernel == "flash_fwd_bf16_d128"
-    assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True, ws=True).kernel == "flash_fwd_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True, ws=True).kernel == "flash_fwd_sm90_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d128"
     # PTXATTN_SM90_WS=0 (ws=None follows it) gives back the plain wgmma kernel; the dims of
     # sm90_pingpong_dims() (pingpong=None follows it) run the ws kernels' ping-pong twins.

@@ -51,13 +51,22 @@ def test_sdpa_tiles_smallest_first_and_their_sizes():
 
 
 def test_sm90_tiles_and_their_sizes():
-    assert sm90_tiles() == {(64, False): Sm90Tile(64, 3), (128, False): Sm90Tile(128, 3),
-                            (64, True): Sm90Tile(64, 2, True), (128, True): Sm90Tile(128, 2, True)}
-    tile = sm90_tiles()[128, False]
+    tiles = {}
+    for general in (False, True):
+        tiles |= {(64, 64, general): Sm90Tile(64, 64, 2 if general else 3, general=general),
+                  (128, 128, general): Sm90Tile(128, 128, 2 if general else 3, general=general),
+                  (192, 128, general): Sm90Tile(192, 128, 2, general=general),
+                  (256, 256, general): Sm90Tile(256, 256, 2, keys=64, general=general)}
+    assert sm90_tiles() == tiles
+    assert list(sm90_tiles()) == sorted(sm90_tiles(), key=lambda key: key[:2])  # smallest first
+    tile = sm90_tiles()[128, 128, False]
     assert (tile.rows, tile.threads, tile.shared_bytes) == (192, 384, 2 * 128 * (192 + 4 * 128) + 1024)
-    general = sm90_tiles()[128, True]
+    general = sm90_tiles()[128, 128, True]
     assert general.kernel("bf16", True) == "flash_fwd_sm90_bf16_d128_general_paged"
     assert (general.rows, general.threads, general.shared_bytes) == (128, 256, 2 * 128 * (128 + 4 * 128) + 1024)
+    assert sm90_tiles()[192, 128, True].kernel("f16") == "flash_fwd_sm90_f16_d192_128_general"
+    for tile in sm90_tiles().values():
+        assert tile.shared_bytes <= 227 * 1024 - 4096, tile
 
 
 def test_fp8_sdpa_tiles():
@@ -67,7 +76,7 @@ def test_fp8_sdpa_tiles():
     for dim, variant in sdpa_fp8_variants().items():
         assert variant.tile == sdpa_tiles()[f"d{dim}"].general
     assert sdpa_fp8_variants()[128].kernel("bf16") == "flash_fwd_bf16_d128_general_fp8"
-    assert sm90_fp8_tiles()[64] == Sm90Tile(64, 2, True, True) and sm90_fp8_tiles()[64].kernel("f16", True) == \
+    assert sm90_fp8_tiles()[64] == Sm90Tile(64, 64, 2, general=True, fp8=True) and sm90_fp8_tiles()[64].kernel("f16", True) == \
         "flash_fwd_sm90_f16_d64_general_fp8"
     assert manifest()["families"]["flash_fwd_fp8"]["archs"] == ["sm_80", "sm_89"]
 
@@ -100,7 +109,7 @@ def test_views_are_read_only():
     with pytest.raises(TypeError):
         sdpa_tiles()["d32"] = sdpa_tiles()["d64"]
     with pytest.raises(dataclasses.FrozenInstanceError):
-        sm90_tiles()[64, False].groups = 2
+        sm90_tiles()[64, 64, False].groups = 2
 
 
 def test_sm90_ws_tiles():

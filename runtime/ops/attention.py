@@ -154,6 +154,12 @@ def _pick_variant(dqk: int, dv: int) -> SdpaVariant:
     return next(v for v in sdpa_tiles().values() if dqk <= v.dim_qk and dv <= v.dim_v)
 
 
+def _pick_sm90_tile(dqk: int, dv: int, general: bool):
+    """The smallest sm_90a wgmma tile of `general`'s kind that holds Dqk and Dv (zero-padded),
+    or None."""
+    return next((t for (_, _, g), t in sm90_tiles().items() if g == general and t.holds(dqk, dv)), None)
+
+
 @dataclass(frozen=True)
 class KernelPlan:
     """The sdpa kernel for one call shape: its name, query rows a block, threads, shared bytes."""
@@ -205,7 +211,7 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
                 ws: bool | None = None, pingpong: bool | None = None) -> KernelPlan:
     """The kernel for q's dtype and head dims; `general` picks the per-element score path
     (mask, softcap or scale <= 0); `wgmma` says the device runs the sm_90a kernels and the
-    tensors are 16-byte aligned; `paged`: K and V come through a block table; `fp8`: K and V
+    tensors are 16-byte aligned (they take them where both dims are multiples of 8); `paged`: K and V come through a block table; `fp8`: K and V
     are fp8 (validated: Dqk = Dv, a dim of sdpa_fp8_variants; the general kernels run it);
     `ws`: a plain strided call on the wgmma path takes the warp-specialized kernel where one
     exists (None: unless PTXATTN_SM90_WS=0); `pingpong`: that kernel's ping-pong twin (None: for
@@ -226,8 +232,9 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
         pp = dqk in sm90_pingpong_dims() if pingpong is None else pingpong
         tile = (sm90_ws_pp_tiles() if pp and dqk in sm90_ws_pp_tiles() else sm90_ws_tiles())[dqk]
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
-    if wgmma and dqk == dv and (dqk, general) in sm90_tiles():
-        tile = sm90_tiles()[dqk, general]
+    # Zero-padding works in 16-byte chunks: dims that are not a multiple of 8 keep mma.sync.
+    tile = _pick_sm90_tile(dqk, dv, general) if wgmma and dqk % 8 == 0 and dv % 8 == 0 else None
+    if tile is not None:
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes)
     variant = _pick_variant(dqk, dv)
     tile = variant.general if general else variant.plain
