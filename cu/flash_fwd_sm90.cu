@@ -4,9 +4,10 @@
 // softcap, scale > 0; general kernels: the rest; causal/window, sinks, GQA, LSE, serving
 // batches all apply) at every head dim up to 256 when the host vouched for 16-byte alignment
 // (vector_io) and its head dims are multiples of 8: variants of Dqk / Dv 64, 128, 192 / 128
-// and 256, a call running the smallest that holds its dims with the rest zero-padded; its _fp8 kernels serve fp8 K/V (Dqk = Dv =
-// 64 or 128), as flash_fwd_fp8.cu's do. Same parameters and semantics; its query blocks are
-// 64 * GROUPS rows (grid x), and the summation order differs from mma.sync's.
+// and 256, a call running the smallest that holds its dims with the rest zero-padded. Its
+// _fp8 kernels serve fp8 K/V (Dqk = Dv = 64 or 128), as flash_fwd_fp8.cu's do. Same
+// parameters and semantics; its query blocks are 64 * GROUPS rows (grid x), and the
+// summation order differs from mma.sync's.
 //
 // A CTA is GROUPS warpgroups over 64 * GROUPS query rows, 64 a warpgroup (wgmma's M).
 // Q, K and V tiles live in shared memory in wgmma's 128-byte-swizzle layout: a [rows][D]

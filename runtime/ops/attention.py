@@ -211,11 +211,11 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
                 ws: bool | None = None, pingpong: bool | None = None) -> KernelPlan:
     """The kernel for q's dtype and head dims; `general` picks the per-element score path
     (mask, softcap or scale <= 0); `wgmma` says the device runs the sm_90a kernels and the
-    tensors are 16-byte aligned (they take them where both dims are multiples of 8); `paged`: K and V come through a block table; `fp8`: K and V
-    are fp8 (validated: Dqk = Dv, a dim of sdpa_fp8_variants; the general kernels run it);
-    `ws`: a plain strided call on the wgmma path takes the warp-specialized kernel where one
-    exists (None: unless PTXATTN_SM90_WS=0); `pingpong`: that kernel's ping-pong twin (None: for
-    the dims of sm90_pingpong_dims())."""
+    tensors are 16-byte aligned (they take them where both dims are multiples of 8); `paged`:
+    K and V come through a block table; `fp8`: K and V are fp8 (validated: Dqk = Dv, a dim of
+    sdpa_fp8_variants; the general kernels run it); `ws`: a plain strided call on the wgmma path
+    takes the warp-specialized kernel where one exists (None: unless PTXATTN_SM90_WS=0);
+    `pingpong`: that kernel's ping-pong twin (None: for the dims of sm90_pingpong_dims())."""
     if fp8:
         name = _DTYPE_NAME[dtype]
         if wgmma and dqk in sm90_fp8_tiles():
