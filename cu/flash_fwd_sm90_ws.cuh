@@ -1,9 +1,11 @@
-// Warp-specialized variant of flash_fwd_sm90.cu's plain kernel (issue 10, first step):
-// Dqk = Dv = 64 or 128, f16 / bf16, no mask, no softcap, scale > 0, K/V through strides
-// (dense and ragged calls; no paged, no fp8). Same parameters and semantics as the plain
-// kernel; query blocks of 128 rows (grid x). Included by flash_fwd_sm90.cu after the per-tile
-// steps it shares with flash_fwd_wgmma (issue_qk, cut_keys, online_softmax, pack_p, issue_pv,
-// store_rows).
+// Warp-specialized variant of flash_fwd_sm90.cu's plain and general kernels (issue 10):
+// Dqk, Dv <= 64 or <= 128 (smaller dims zero-padded, multiples of 8), f16 / bf16, K/V through
+// strides (dense and ragged calls; no paged, no fp8). Plain kernels take calls with no mask,
+// no softcap and scale > 0; GENERAL ones (the "_general_ws" kernels) the rest, their scores
+// made by general_scores as in flash_fwd_wgmma's general kernels. Same parameters and
+// semantics as those kernels; query blocks of 128 rows (grid x). Included by
+// flash_fwd_sm90.cu after the per-tile steps it shares with flash_fwd_wgmma (issue_qk,
+// general_scores, cut_keys, online_softmax, pack_p, issue_pv, store_rows).
 //
 // A CTA is three warpgroups: warpgroup 0 the producer, 1 and 2 consumers of 64 query rows
 // each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer (40)
@@ -34,7 +36,7 @@
 // O sees the same operations in the same order as in flash_fwd_wgmma (its first rescale is of
 // zeros, skipped here; then O += P V, O *= alpha, ... alternate exactly as there), and a
 // skipped tile is one whose keys all its rows cut, which flash_fwd_wgmma skips too: outputs
-// and LSE are bit-identical to the plain kernel's.
+// and LSE are bit-identical to the plain (general) kernel's.
 //
 // Why no deadlock: phases of a stage's barriers alternate strictly (full n, empty n, full n+1,
 // ...): the producer waits empty n - 1 before filling use n, and a consumer arrives on empty
@@ -161,7 +163,7 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-template <class T, class Tile>
+template <class T, class Tile, bool GENERAL>
 __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   constexpr int D = Tile::D, ROWS = Tile::ROWS, KEYS = Tile::KEYS, STAGES = Tile::STAGES;
   constexpr int O_REGS = D / 2;
@@ -213,16 +215,18 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
                     hk * p.k_head_stride;
       const T* gv = static_cast<const T*>(p.v) + st.b() * p.v_batch_stride + st.k_tok0() * p.v_seq_stride +
                     hk * p.v_head_stride;
-      load_tile<T, ROWS, D, 128, Tile::PRODUCER_UNROLL>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0);
+      load_tile<T, ROWS, D, 128, Tile::PRODUCER_UNROLL>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
       mbar_arrive_cp_async(q_full);
       for (int t = tile_begin; t < tile_end; ++t) {
         const int stage = stage_of(t), n0 = t * KEYS, rows_valid = st.seq_kv() - n0;
         const bool refill = t - tile_begin >= STAGES;
         if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
-        load_tile<T, KEYS, D, 128, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, rows_valid);
+        load_tile<T, KEYS, D, 128, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, rows_valid,
+                                                          p.dim_qk);
         mbar_arrive_cp_async(k_full(stage));
         if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
-        load_tile<T, KEYS, D, 128, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, rows_valid);
+        load_tile<T, KEYS, D, 128, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, rows_valid,
+                                                          p.dim_v);
         mbar_arrive_cp_async(v_full(stage));
       }
       asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -237,7 +241,15 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 #pragma unroll
     for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
-    const float mul = p.scale * kLog2e;
+    // The exponent's multiplier: scores are raw dot products in plain kernels, base-2 logits
+    // (general_scores) in general ones.
+    const float mul = GENERAL ? 1.f : p.scale * kLog2e;
+    // S(t) as it comes out of the tensor cores -> the scores the softmax takes.
+    auto make_scores = [&](float (&s)[KEYS / 2], int t) {
+      if constexpr (GENERAL)
+        general_scores<KEYS / 8>(s, p, st.b(), h, my_row, st.seq_q(), t * KEYS + 2 * (lane & 3), st.seq_kv());
+      cut_keys<KEYS>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
+    };
 
     int my_begin = tile_begin, my_end = tile_end;
     while (my_begin < my_end && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_begin)) ++my_begin;
@@ -296,7 +308,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       wgmma_wait<0>();
       fence_registers(s);
       release_k(my_begin);
-      cut_keys<KEYS>(s, st.window(p), my_begin * KEYS, st.seq_kv(), group_row0, my_row, lane);
+      make_scores(s, my_begin);
       online_softmax<KEYS, O_REGS, false>(s, o, row_max, row_sum, mul, alpha);  // O is 0: no rescale
       pack_p<T, KEYS>(s, pa);
       for (int t = my_begin + 1; t < my_end; ++t) {
@@ -311,7 +323,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         wgmma_wait<1>();  // S(t) done; O's P V may still run
         fence_registers(s);
         release_k(t);
-        cut_keys<KEYS>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
+        make_scores(s, t);
         online_softmax<KEYS, O_REGS, false>(s, o, row_max, row_sum, mul, alpha);
         wgmma_wait<0>();
         fence_registers(o);
@@ -341,10 +353,11 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 }  // namespace sm90
 }  // namespace ptxattn
 
-// NAME: the warp-specialized plain kernel (K/V through strides), the flash_fwd_sm90 table's
-// "ws" variants; PINGPONG: with the consumers' ping-pong ("pingpong" variants, NAME ends _pp).
-#define FLASH_FWD_SM90_WS(NAME, T, D, STAGES, PINGPONG)                                             \
+// NAME: the warp-specialized kernel (K/V through strides), the flash_fwd_sm90 table's "ws"
+// variants; PINGPONG: with the consumers' ping-pong ("pingpong" variants, NAME ends _pp);
+// GENERAL: the per-element score path (masks, softcap, any scale; NAME has _general).
+#define FLASH_FWD_SM90_WS(NAME, T, D, STAGES, PINGPONG, GENERAL)                                       \
   extern "C" __global__ void __launch_bounds__(                                                     \
       ptxattn::sm90::WsTileFor<D, STAGES, PINGPONG>::type::THREADS, 1) NAME(const ptxattn::FlashFwdParams p) { \
-    ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<D, STAGES, PINGPONG>::type>(p); \
+    ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<D, STAGES, PINGPONG>::type, GENERAL>(p); \
   }

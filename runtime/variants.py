@@ -149,7 +149,7 @@ class Sm90Tile:
         for fp8 K/V (and none for warp-specialized kernels: strided K/V only)."""
         dims = f"d{self.dim}" + (f"_{self.dim_v}" if self.dim_v != self.dim else "")
         if self.ws:
-            return f"flash_fwd_sm90_{dtype}_{dims}_ws{'_pp' if self.pingpong else ''}"
+            return f"flash_fwd_sm90_{dtype}_{dims}{'_general' if self.general else ''}_ws{'_pp' if self.pingpong else ''}"
         tail = "_fp8" if self.fp8 else "_paged" if paged else ""
         return f"flash_fwd_sm90_{dtype}_{dims}{'_general' if self.general else ''}{tail}"
 
@@ -234,17 +234,19 @@ def sm90_tiles() -> Mapping[tuple[int, int, bool], Sm90Tile]:
 
 
 @functools.cache
-def sm90_ws_tiles() -> Mapping[int, Sm90Tile]:
-    """flash_fwd_sm90's warp-specialized plain tiles (f16 / bf16, strided K/V) by head dim
-    (Dqk = Dv); ops/attention.py runs them unless PTXATTN_SM90_WS=0."""
-    return MappingProxyType({t.dim: t for t in _sm90_tiles(fp8=False, ws=True)})
+def sm90_ws_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
+    """flash_fwd_sm90's warp-specialized tiles (f16 / bf16, strided K/V, Dqk = Dv = dim) by
+    (dim, general), smallest first; ops/attention.py runs them unless PTXATTN_SM90_WS=0."""
+    tiles = sorted(_sm90_tiles(fp8=False, ws=True), key=lambda t: t.dim)
+    return MappingProxyType({(t.dim, t.general): t for t in tiles})
 
 
 @functools.cache
-def sm90_ws_pp_tiles() -> Mapping[int, Sm90Tile]:
-    """The warp-specialized tiles whose consumers ping-pong (the _ws_pp kernels) by head dim;
-    ops/attention.py runs them in place of sm90_ws_tiles' under PTXATTN_SM90_PINGPONG=1."""
-    return MappingProxyType({t.dim: t for t in _sm90_tiles(fp8=False, ws=True, pingpong=True)})
+def sm90_ws_pp_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
+    """The warp-specialized tiles whose consumers ping-pong (the _ws_pp kernels) by (dim,
+    general); ops/attention.py runs them in place of sm90_ws_tiles' for the dims of
+    sm90_pingpong_dims()."""
+    return MappingProxyType({(t.dim, t.general): t for t in _sm90_tiles(fp8=False, ws=True, pingpong=True)})
 
 
 @functools.cache

@@ -104,7 +104,7 @@ def _error_vs_reference(shape: Shape, q, k, v, mask, out) -> float:
 # default ones do; rows they do not serve run the same kernel as the ptxattn column.
 SM90_COLUMNS = (
     ("plain", "sm90_plain", "sm90_ws_enabled", False),                             # PTXATTN_SM90_WS=0
-    ("pp", "sm90_pingpong", "sm90_pingpong_dims", frozenset(sm90_ws_pp_tiles())),  # PTXATTN_SM90_PINGPONG=1
+    ("pp", "sm90_pingpong", "sm90_pingpong_dims", frozenset(d for d, _ in sm90_ws_pp_tiles())),  # PTXATTN_SM90_PINGPONG=1
     ("ws", "sm90_ws", "sm90_pingpong_dims", frozenset()),                          # PTXATTN_SM90_PINGPONG=0
 )
 

@@ -260,10 +260,11 @@ def test_strided_bshd_inputs_and_output(dtype, offset, rng):
 
 
 @pytest.mark.parametrize("dtype, d, options, kernel", [
-    # Plain calls: the warp-specialized kernels (the plain wgmma ones under PTXATTN_SM90_WS=0).
+    # Head dims up to 128: the warp-specialized kernels (the wgmma ones they replaced, named
+    # here, under PTXATTN_SM90_WS=0).
     (BF16, 128, {}, "flash_fwd_sm90_bf16_d128"),
     (F16, 64, {}, "flash_fwd_sm90_f16_d64"),
-    # Masks, softcap and scale <= 0: the general wgmma kernels.
+    # Masks, softcap and scale <= 0: the general kernels.
     (BF16, 128, {"mask": "bhqk", "mask_dtype": BF16, "causal": True}, "flash_fwd_sm90_bf16_d128_general"),
     (F16, 64, {"softcap": 5.0, "window": (40, 7)}, "flash_fwd_sm90_f16_d64_general"),
     (BF16, 64, {"mask": "qk", "mask_dtype": np.dtype(bool), "sinks": True}, "flash_fwd_sm90_bf16_d64_general"),
@@ -295,8 +296,10 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options,
 
     monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
     dqk, dv = d if isinstance(d, tuple) else (d, d)
-    if not options and attention.sm90_ws_enabled() and dqk == dv and dqk in sm90_ws_tiles():
-        kernel += "_ws" + "_pp" * (dqk in attention.sm90_pingpong_dims())
+    ws_dim = next((dim for dim, general in sm90_ws_tiles() if general == ("_general" in kernel)
+                   and dqk <= dim and dv <= dim), None)
+    if attention.sm90_ws_enabled() and ws_dim is not None:
+        kernel += "_ws" + "_pp" * (ws_dim in attention.sm90_pingpong_dims())
     case = Case(dtype, 1, 2, 2, 300, 333, dqk, dv, **options)
     o, lse, inputs = _run_device(case, rng)
     with ptxattn.on_device(device):

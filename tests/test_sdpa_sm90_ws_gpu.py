@@ -1,9 +1,10 @@
-"""The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default for plain calls:
-the _ws_pp ping-pong twins at D64, the _ws kernels at D128) against the float64 reference and,
-bit for bit (same summation order), against the plain wgmma kernels they replaced
-(PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0) and the _ws_pp
-kernels at every dim (PTXATTN_SM90_PINGPONG=1): D64 / D128, f16 / bf16, causal both alignments, windows,
-GQA, sinks, LSE, odd lengths, rows with no key, ragged batches. Both settings are read once a
+"""The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default for head dims up
+to 128: the _ws_pp ping-pong twins at D64, the _ws kernels at D128, plain and _general) against
+the float64 reference and, bit for bit (same summation order), against the wgmma kernels they
+replaced (PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0) and the _ws_pp
+kernels at every dim (PTXATTN_SM90_PINGPONG=1): D64 / D128 and zero-padded smaller dims, f16 /
+bf16, causal both alignments, windows, masks, softcap, scale <= 0, GQA, sinks, LSE, odd lengths,
+rows with no key, ragged batches. Both settings are read once a
 process, so a child process a setting (CHILDREN) runs every case (same seeded inputs) and this
 one, on the default kernels, compares. Only the children run the kernels under test: one that
 hangs (a barrier bug) ends in the child's timeout, not in this process.
@@ -57,6 +58,18 @@ CASES = [
     Case(BF16, 1, 2, 2, 1, 1, 64, 64),
     Case(F16, 1, 2, 1, 5, 0, 128, 128, sinks=True),                              # no keys at all
     Case(BF16, 3, 6, 2, 129, 4000, 128, 128, lse=False),
+    # Smaller head dims, zero-padded into the D64 / D128 kernels.
+    Case(BF16, 1, 4, 2, 500, 700, 96, 96, causal=True),
+    Case(F16, 2, 4, 4, 190, 333, 40, 24, window=(60, 5)),
+    # General calls (masks, softcap, scale <= 0): the _general_ws kernels.
+    Case(BF16, 2, 4, 2, 300, 700, 128, 128, causal=True, mask="bhqk", mask_dtype=BF16),
+    Case(F16, 1, 4, 4, 257, 1025, 64, 64, softcap=5.0, window=(40, 7)),
+    Case(BF16, 2, 4, 4, 200, 333, 64, 64, mask="qk", mask_dtype=np.dtype(bool), sinks=True),
+    Case(F16, 1, 4, 2, 130, 900, 128, 128, scale=-0.05, mask="bhq1", mask_dtype=np.dtype(np.float32)),
+    Case(BF16, 1, 8, 8, 2048, 2048, 128, 128, causal=True, softcap=30.0),   # many tiles: the ring wraps
+    Case(F16, 1, 8, 2, 1500, 1500, 64, 64, causal=True, align="bottom_right", mask="bhqk", mask_dtype=F16),
+    Case(BF16, 1, 2, 2, 300, 130, 128, 128, causal=True, scale=0.0),        # rows with no key, scale 0
+    Case(F16, 1, 4, 4, 333, 444, 40, 40, mask="k", mask_dtype=BF16, sinks=True),
 ]
 # (dtype, D, lengths of the queries, options): ragged batches (bottom-right per sequence).
 RAGGED = [
@@ -183,6 +196,7 @@ if __name__ == "__main__":
     assert os.environ.get(variable) == value, f"the child {sys.argv[3]} wants {variable}={value}"
     for dtype, name in ((BF16, "bf16"), (F16, "f16")):
         for d in (64, 128):
-            kernel = attention.plan_kernel(np.dtype(dtype), d, d, False, True).kernel
-            assert kernel == f"flash_fwd_sm90_{name}_d{d}{suffix}", f"{sys.argv[3]}: plain calls run {kernel}"
+            for kind in ("", "_general"):
+                kernel = attention.plan_kernel(np.dtype(dtype), d, d, kind == "_general", True).kernel
+                assert kernel == f"flash_fwd_sm90_{name}_d{d}{kind}{suffix}", f"{sys.argv[3]}: calls run {kernel}"
     np.savez(sys.argv[2], **_run_all(int(sys.argv[1])))

@@ -140,7 +140,7 @@ def test_plan_wgmma_kernel_on_sm90():
     for tile in sm90_tiles().values():
         assert tile.shared_bytes <= 227 * 1024, tile
     # Masks, softcap and scale <= 0 take the general wgmma kernels: two warpgroups.
-    plan = attention.plan_kernel(np.dtype(np.float16), 128, 128, True, True)
+    plan = attention.plan_kernel(np.dtype(np.float16), 128, 128, True, True, ws=False)
     assert plan.kernel == "flash_fwd_sm90_f16_d128_general" and plan.rows == 128 and plan.threads == 256
     assert attention.plan_kernel(np.dtype(np.float16), 64, 64, True, True, paged=True).kernel == \
         "flash_fwd_sm90_f16_d64_general_paged"
@@ -189,20 +189,37 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
     assert plan.shared == 2 * 128 * (128 + 2 * 2 * 128) + 1024
     plan = attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.shared) == ("flash_fwd_sm90_f16_d64_ws", 2 * 64 * (128 + 2 * 3 * 128) + 1024)
-    # General, paged, unaligned or other head dims keep their kernels; ws=False the default one.
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=True).kernel == \
-        "flash_fwd_sm90_bf16_d128_general"
+    # General calls (masks, softcap, scale <= 0) have warp-specialized kernels of their own.
+    plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=True, pingpong=False)
+    assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_bf16_d128_general_ws", 128, 384)
+    assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, True, True, ws=True, pingpong=True).kernel == \
+        "flash_fwd_sm90_bf16_d64_general_ws_pp"
+    # Smaller head dims (multiples of 8) run zero-padded in the smallest tile that holds them.
+    assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True, ws=True, pingpong=False).kernel == \
+        "flash_fwd_sm90_bf16_d128_ws"
+    assert attention.plan_kernel(ptxattn.bfloat16, 40, 24, True, True, ws=True, pingpong=False).kernel == \
+        "flash_fwd_sm90_bf16_d64_general_ws"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 64, True, True, ws=True, pingpong=False).kernel == \
+        "flash_fwd_sm90_bf16_d128_general_ws"
+    # Paged, unaligned, larger or not-multiple-of-8 head dims keep their kernels; ws=False the default one.
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, paged=True, ws=True).kernel == \
         "flash_fwd_sm90_bf16_d128_paged"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, ws=True).kernel == "flash_fwd_bf16_d128"
-    assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True, ws=True).kernel == "flash_fwd_sm90_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 192, 128, False, True, ws=True).kernel == \
+        "flash_fwd_sm90_bf16_d192_128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 100, 100, True, True, ws=True).kernel == \
+        "flash_fwd_bf16_d128_general"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=False).kernel == \
+        "flash_fwd_sm90_bf16_d128_general"
     # PTXATTN_SM90_WS=0 (ws=None follows it) gives back the plain wgmma kernel; the dims of
     # sm90_pingpong_dims() (pingpong=None follows it) run the ws kernels' ping-pong twins.
     for d in (64, 128):
-        default = (f"flash_fwd_sm90_bf16_d{d}_ws" + "_pp" * (d in attention.sm90_pingpong_dims())
-                   if attention.sm90_ws_enabled() else f"flash_fwd_sm90_bf16_d{d}")
-        assert attention.plan_kernel(ptxattn.bfloat16, d, d, False, True).kernel == default
+        for general in (False, True):
+            kind = "_general" * general
+            default = (f"flash_fwd_sm90_bf16_d{d}{kind}_ws" + "_pp" * (d in attention.sm90_pingpong_dims())
+                       if attention.sm90_ws_enabled() else f"flash_fwd_sm90_bf16_d{d}{kind}")
+            assert attention.plan_kernel(ptxattn.bfloat16, d, d, general, True).kernel == default
 
 
 @pytest.mark.parametrize("value, dims", [(None, {64}), ("", {64}), ("1", {64, 128}), ("0", set())])
@@ -237,11 +254,11 @@ def test_plan_sm90_pingpong_kernel_on_request():
     assert (plan.rows, plan.threads, plan.shared) == (ws.rows, ws.threads, ws.shared)
     assert attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True, pingpong=True).kernel == \
         "flash_fwd_sm90_f16_d64_ws_pp"
-    # Only where the ws kernel runs: not with ws=False, nor general, paged or mma.sync calls.
+    # Only where a ws kernel runs (general ones too): not with ws=False, nor paged or mma.sync calls.
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False, pingpong=True).kernel == \
         "flash_fwd_sm90_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=True, pingpong=True).kernel == \
-        "flash_fwd_sm90_bf16_d128_general"
+        "flash_fwd_sm90_bf16_d128_general_ws_pp"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, paged=True, ws=True,
                                  pingpong=True).kernel == "flash_fwd_sm90_bf16_d128_paged"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, pingpong=True).kernel == \

@@ -113,21 +113,22 @@ def test_views_are_read_only():
 
 
 def test_sm90_ws_tiles():
-    """The warp-specialized kernels: a producer warpgroup beside `groups` consumers of 64 rows,
-    Q and `stages` K/V stages within sm_90's 227 KB."""
+    """The warp-specialized kernels, plain and general: a producer warpgroup beside `groups`
+    consumers of 64 rows, Q and `stages` K/V stages within sm_90's 227 KB."""
     ws = sm90_ws_tiles()
-    assert set(ws) == {64, 128}
-    for dim, tile in ws.items():
-        assert tile.ws and not tile.general and not tile.fp8
+    assert set(ws) == {(64, False), (128, False), (64, True), (128, True)}
+    for (dim, general), tile in ws.items():
+        assert tile.ws and tile.general == general and not tile.fp8
         assert (tile.rows, tile.threads) == (128, 384)
         assert tile.shared_bytes == 2 * dim * (128 + 2 * tile.stages * 128) + 1024 <= 227 * 1024 - 4096
-        assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_d{dim}_ws"
-    assert ws[128].stages == 2 and ws[64].stages == 3
+        assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_d{dim}{'_general' * general}_ws"
+        assert tile.stages == {128: 2, 64: 3}[dim]
+    assert list(ws)[:2] in ([(64, False), (64, True)], [(64, True), (64, False)])  # smallest first
     assert all(not t.ws for t in sm90_tiles().values())
     assert all(not t.pingpong for t in ws.values())
     # The ping-pong twins: the same tiles but for the flag, a kernel of their own.
     pp = sm90_ws_pp_tiles()
     assert set(pp) == set(ws)
-    for dim, tile in pp.items():
-        assert tile.pingpong and dataclasses.replace(tile, pingpong=False) == ws[dim]
-        assert tile.kernel("f16") == f"flash_fwd_sm90_f16_d{dim}_ws_pp"
+    for (dim, general), tile in pp.items():
+        assert tile.pingpong and dataclasses.replace(tile, pingpong=False) == ws[dim, general]
+        assert tile.kernel("f16") == f"flash_fwd_sm90_f16_d{dim}{'_general' * general}_ws_pp"

@@ -160,6 +160,12 @@ def _pick_sm90_tile(dqk: int, dv: int, general: bool):
     return next((t for (_, _, g), t in sm90_tiles().items() if g == general and t.holds(dqk, dv)), None)
 
 
+def _pick_sm90_ws_tile(dqk: int, dv: int, general: bool):
+    """The smallest warp-specialized sm_90a tile of `general`'s kind that holds Dqk and Dv
+    (zero-padded), or None."""
+    return next((t for (_, g), t in sm90_ws_tiles().items() if g == general and t.holds(dqk, dv)), None)
+
+
 @dataclass(frozen=True)
 class KernelPlan:
     """The sdpa kernel for one call shape: its name, query rows a block, threads, shared bytes."""
@@ -204,7 +210,7 @@ def sm90_pingpong_dims() -> frozenset[int]:
     setting = _switch_setting(SM90_PINGPONG_ENV)
     if setting is None:
         return SM90_PINGPONG_DEFAULT_DIMS
-    return frozenset(sm90_ws_pp_tiles()) if setting else frozenset()
+    return frozenset(dim for dim, _ in sm90_ws_pp_tiles()) if setting else frozenset()
 
 
 def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool = False,
@@ -227,13 +233,14 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
     if dtype == np.float32:
         k_pitch = dqk | 1
         return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk))
-    if (wgmma and dqk == dv and not general and not paged and dqk in sm90_ws_tiles()
-            and (sm90_ws_enabled() if ws is None else ws)):
-        pp = dqk in sm90_pingpong_dims() if pingpong is None else pingpong
-        tile = (sm90_ws_pp_tiles() if pp and dqk in sm90_ws_pp_tiles() else sm90_ws_tiles())[dqk]
-        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
     # Zero-padding works in 16-byte chunks: dims that are not a multiple of 8 keep mma.sync.
-    tile = _pick_sm90_tile(dqk, dv, general) if wgmma and dqk % 8 == 0 and dv % 8 == 0 else None
+    wgmma = wgmma and dqk % 8 == 0 and dv % 8 == 0
+    ws_tile = _pick_sm90_ws_tile(dqk, dv, general) if wgmma and not paged else None
+    if ws_tile is not None and (sm90_ws_enabled() if ws is None else ws):
+        pp = ws_tile.dim in sm90_pingpong_dims() if pingpong is None else pingpong
+        tile = sm90_ws_pp_tiles().get((ws_tile.dim, general), ws_tile) if pp else ws_tile
+        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
+    tile = _pick_sm90_tile(dqk, dv, general) if wgmma else None
     if tile is not None:
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes)
     variant = _pick_variant(dqk, dv)
