@@ -17,14 +17,17 @@ constexpr int kUnboundedWindow = 1 << 30;
 
 // Softcap on a *scaled* score: cap * tanh(s / cap); cap == 0 turns it off.
 // Applied before any mask (bool, additive, causal, window).
-// tanh x = 1 - 2 / (e^{2x} + 1), with one ex2.approx and one fast reciprocal: its absolute
-// error (a few ulp of 1) is what the logit sees, times cap (~1e-5 at cap 50). tanhf's ~20
-// instructions an element were part of what held softcap prefill at 54 TFLOP/s (cu/flash_fwd_notes.md v2).
+// tanh by the hardware's tanh.approx.f32 (sm_75+), one MUFU op: relative error about 2^-11,
+// so the logit's error is at most about cap * 5e-4 where tanh saturates and far less near 0,
+// where most scores sit (FlashAttention's fast-math tanhf is the same instruction). tanhf's ~20
+// instructions were part of what held softcap prefill at 54 TFLOP/s (cu/flash_fwd_notes.md v2);
+// 1 - 2 / (e^{2x} + 1) (an ex2 and a reciprocal) made the softcap kernels MUFU-bound: three
+// MUFU ops a score with the softmax's exp against about two a score of tensor time at D128 (v8).
 __device__ __forceinline__ float apply_softcap(float s, float cap) {
   if (!(cap > 0.f)) return s;
-  float e;  // e^{2 s / cap}; +inf past the float range, then the quotient is 0 and tanh 1
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(s * (2.f * 1.4426950408889634f / cap)));
-  return cap * (1.f - __fdividef(2.f, e + 1.f));
+  float t;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(t) : "f"(s * (1.f / cap)));
+  return cap * t;
 }
 
 // Which keys a query sees, relative to the aligned diagonal i + diag_offset:

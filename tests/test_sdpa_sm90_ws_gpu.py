@@ -67,6 +67,7 @@ CASES = [
     Case(BF16, 2, 4, 4, 200, 333, 64, 64, mask="qk", mask_dtype=np.dtype(bool), sinks=True),
     Case(F16, 1, 4, 2, 130, 900, 128, 128, scale=-0.05, mask="bhq1", mask_dtype=np.dtype(np.float32)),
     Case(BF16, 1, 8, 8, 2048, 2048, 128, 128, causal=True, softcap=30.0),   # many tiles: the ring wraps
+    Case(F16, 1, 4, 4, 200, 500, 128, 128, softcap=5.0, scale=0.5),          # logits where tanh saturates
     Case(F16, 1, 8, 2, 1500, 1500, 64, 64, causal=True, align="bottom_right", mask="bhqk", mask_dtype=F16),
     Case(BF16, 1, 2, 2, 300, 130, 128, 128, causal=True, scale=0.0),        # rows with no key, scale 0
     Case(F16, 1, 4, 4, 333, 444, 40, 40, mask="k", mask_dtype=BF16, sinks=True),
