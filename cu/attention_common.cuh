@@ -17,17 +17,27 @@ constexpr int kUnboundedWindow = 1 << 30;
 
 // Softcap on a *scaled* score: cap * tanh(s / cap); cap == 0 turns it off.
 // Applied before any mask (bool, additive, causal, window).
-// tanh by the hardware's tanh.approx.f32 (sm_75+), one MUFU op: relative error about 2^-11,
-// so the logit's error is at most about cap * 5e-4 where tanh saturates and far less near 0,
-// where most scores sit (FlashAttention's fast-math tanhf is the same instruction). tanhf's ~20
-// instructions were part of what held softcap prefill at 54 TFLOP/s (cu/flash_fwd_notes.md v2);
-// 1 - 2 / (e^{2x} + 1) (an ex2 and a reciprocal) made the softcap kernels MUFU-bound: three
-// MUFU ops a score with the softmax's exp against about two a score of tensor time at D128 (v8).
+// Two ways to take tanh, picked by the operands' precision:
+// - 16-bit and fp8 operands (EXACT false): the hardware's tanh.approx.f32 (sm_75+), one MUFU
+//   op, relative error about 2^-11: the logit's error is at most about cap * 5e-4 where tanh
+//   saturates and far less near 0, where most scores sit (FlashAttention's fast-math tanhf is
+//   the same instruction), well inside what a 16-bit P carries. 1 - 2 / (e^{2x} + 1) (an ex2
+//   and a reciprocal) made the softcap prefill kernels MUFU-bound (cu/flash_fwd_notes.md v8).
+// - f32 operands (EXACT true), held to 1e-5 of the float64 oracle: 1 - 2 / (e^{2x} + 1) with
+//   one ex2.approx and one fast reciprocal, whose absolute error (a few ulp of 1, times cap) is
+//   ~1e-5 at cap 50. tanhf's ~20 instructions an element are not needed for that.
+template <bool EXACT = false>
 __device__ __forceinline__ float apply_softcap(float s, float cap) {
   if (!(cap > 0.f)) return s;
-  float t;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(t) : "f"(s * (1.f / cap)));
-  return cap * t;
+  if constexpr (EXACT) {
+    float e;  // e^{2 s / cap}; +inf past the float range, then the quotient is 0 and tanh 1
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(e) : "f"(s * (2.f * kLog2e / cap)));
+    return cap * (1.f - __fdividef(2.f, e + 1.f));
+  } else {
+    float t;
+    asm("tanh.approx.f32 %0, %1;\n" : "=f"(t) : "f"(s * (1.f / cap)));
+    return cap * t;
+  }
 }
 
 // Which keys a query sees, relative to the aligned diagonal i + diag_offset:

@@ -639,7 +639,8 @@ __device__ __forceinline__ void rescale_o(WarpState<D_TILE>& st, const float (&f
 // The online softmax over one block's scores s (raw q.k of KT m-tiles of keys): scale (column c
 // of the lane by col_scale[c]) and cap to base-2 logits, mask, update the running max and
 // sum. s becomes P; corrections[c] is what the old P's of column c were multiplied by.
-template <int KT, int D_TILE>
+// EXACT_SOFTCAP: f32 operands, whose softcap takes the accurate tanh (attention_common.cuh).
+template <int KT, int D_TILE, bool EXACT_SOFTCAP>
 __device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[KT][4], int key0,
                                               const ColumnKeys& keys, const Lane& ln, WarpState<D_TILE>& st,
                                               const float (&col_scale)[2], float (&corrections)[2]) {
@@ -647,7 +648,7 @@ __device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[
   if (p.softcap > 0.f) {
 #pragma unroll
     for (int i = 0; i < 4 * KT; ++i)
-      s[i / 4][i % 4] = apply_softcap(s[i / 4][i % 4] * col_scale[i % 2], p.softcap) * kLog2e;
+      s[i / 4][i % 4] = apply_softcap<EXACT_SOFTCAP>(s[i / 4][i % 4] * col_scale[i % 2], p.softcap) * kLog2e;
   } else {
     const float scale_log2[2] = {col_scale[0] * kLog2e, col_scale[1] * kLog2e};
 #pragma unroll
@@ -698,7 +699,7 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const FragB<
 
   const float col_scale[2] = {p.scale, p.scale};
   float corrections[2];
-  softmax_block<1, D_TILE>(p, s, key0, keys, ln, st, col_scale, corrections);
+  softmax_block<1, D_TILE, /*EXACT_SOFTCAP=*/(Operand<T>::kTerms > 1)>(p, s, key0, keys, ln, st, col_scale, corrections);
   rescale_o(st, corrections);
 
   const FragB<T> pb = probs_as_b<T>(s[0]);
@@ -743,7 +744,7 @@ __device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const Fr
   }
 
   float corrections[2];
-  softmax_block<kTiles, D_TILE>(p, s, key0, keys, ln, st, col_scale, corrections);
+  softmax_block<kTiles, D_TILE, /*EXACT_SOFTCAP=*/false>(p, s, key0, keys, ln, st, col_scale, corrections);
   if (p.v_scales == nullptr) {
     rescale_o(st, corrections);
   } else {

@@ -26,7 +26,7 @@ __device__ __forceinline__ long long mask_offset(const FlashFwdParams& p, int b,
 __device__ __forceinline__ float score_log2(const FlashFwdParams& p, int seq_q, int seq_kv, const KeyWindow& win,
                                             float dot, int b, int h, int i, int j) {
   if (j >= seq_kv || i >= seq_q || !key_visible(win, i, j)) return neg_inf();
-  float x = apply_softcap(dot * p.scale, p.softcap) * kLog2e;
+  float x = apply_softcap</*EXACT=*/true>(dot * p.scale, p.softcap) * kLog2e;
   if (p.mask_kind != MASK_NONE) x += mask_bias_log2(p.mask_kind, p.mask, mask_offset(p, b, h, i, j));
   return x;
 }

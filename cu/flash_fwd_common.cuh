@@ -315,28 +315,6 @@ __device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int 
   }
 }
 
-// Pulls into L1 the mask lines general_scores will read for rows row0 and row0 + 8 over KEYS
-// keys from n0, where the mask's keys are contiguous (key stride 1; others read as before):
-// lane q of a quad (whose lanes share those rows) takes the row's q-th 128-byte line. Issued
-// when S's wgmmas are, so that its per-element loads then hit L1 instead of waiting on L2
-// after the tensor cores are done (cu/flash_fwd_notes.md v8). Keys past Skv are clamped to
-// the last, as add_mask reads them.
-template <int KEYS>
-__device__ __forceinline__ void prefetch_mask_rows(const FlashFwdParams& p, int b, int h, int row0, int seq_q, int n0,
-                                                   int seq_kv, int lane) {
-  if (p.mask_kind == MASK_NONE || p.mask_key_stride != 1) return;
-  const int bytes = p.mask_kind == MASK_BOOL ? 1 : p.mask_kind == MASK_F32 ? 4 : 2;  // an element's
-  const int keys_per_line = 128 / bytes, line = lane & 3;
-  if (line * keys_per_line >= KEYS) return;
-  const long long key = min(n0 + line * keys_per_line, seq_kv - 1);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const long long element = b * p.mask_batch_stride + h * p.mask_head_stride +
-                              min(row0 + 8 * r, seq_q - 1) * p.mask_query_stride + key;
-    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(static_cast<const char*>(p.mask) + element * bytes));
-  }
-}
-
 // General kernels' scores: raw dot products in an m16 x (8 * N8) mma accumulator tile
 // (s[4j + 2r + c] is row row0 + 8r, key col0 + 8j + c) become base-2 logits,
 // softcap(dot * scale) * log2 e plus the mask's bias, as score_log2 makes them but with the

@@ -245,9 +245,6 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     // (general_scores) in general ones.
     const float mul = GENERAL ? 1.f : p.scale * kLog2e;
     // S(t) as it comes out of the tensor cores -> the scores the softmax takes.
-    auto prefetch_mask = [&](int t) {
-      if constexpr (GENERAL) prefetch_mask_rows<KEYS>(p, st.b(), h, my_row, st.seq_q(), t * KEYS, st.seq_kv(), lane);
-    };
     auto make_scores = [&](float (&s)[KEYS / 2], int t) {
       if constexpr (GENERAL)
         general_scores<KEYS / 8>(s, p, st.b(), h, my_row, st.seq_q(), t * KEYS + 2 * (lane & 3), st.seq_kv());
@@ -308,7 +305,6 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       turn_wait(my_begin);
       issue_qk<T, Tile>(s, q_group, k_addr(stage_of(my_begin)));
       turn_arrive(my_begin);
-      prefetch_mask(my_begin);
       wgmma_wait<0>();
       fence_registers(s);
       release_k(my_begin);
@@ -320,7 +316,6 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         turn_wait(t);
         issue_qk<T, Tile>(s, q_group, k_addr(stage_of(t)));
         fence_registers(s);
-        prefetch_mask(t);
         wait_v(t - 1);
         issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
         fence_registers(o);
