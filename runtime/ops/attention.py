@@ -377,7 +377,9 @@ def sdpa(q, k, v, *, attn_mask=None, causal=False, causal_align="top_left", wind
     broadcastable to [B, Hq, Sq, Skv]. causal with causal_align "top_left" (PyTorch) or
     "bottom_right" (FlashAttention); window=(left, right) keys around the aligned diagonal
     (-1 or None = unbounded). scale defaults to 1/sqrt(Dqk); softcap applies cap*tanh(s/cap)
-    to scaled scores (0 = off); sinks float32 [Hq] join the softmax denominator only.
+    to scaled scores (0 = off; with f16/bf16 inputs tanh is the GPU's tanh.approx, relative
+    error about 2^-11, float32 inputs take an accurate form); sinks float32 [Hq] join the
+    softmax denominator only.
     out / out_lse: preallocated outputs (out_lse is written whenever given).
     """
     return _SDPA((q, k, v, attn_mask, sinks, out, out_lse), (causal, causal_align, window, scale, softcap,
