@@ -9,7 +9,9 @@
 //                  page = block_table[b, key / page_size], capacity = max_pages * page_size
 //   o_part     [B, Hq, Sq, splits, Dv] f32, o of each split normalised by its own sum
 //   lse_part   [B, Hq, Sq, splits] f32, natural log; -inf for a split that saw no key
-// merge.cu's fixed-order combine turns the partials into o and lse (and applies sinks). With
+// merge.cu's fixed-order combine turns the partials into o and lse (and applies sinks); on
+// sm_90 it is launched programmatically, so its CTAs start as the split's finish their keys
+// (allow_dependent_launch) and wait for the whole split grid before reading. With
 // one split there is nothing to combine: o_out is set instead, and the kernel writes the final
 // o [B, Hq, Sq, Dv] in q's dtype and lse [B, Hq, Sq] itself, applying sinks as merge.cu does
 // (the values its one-state combine would give), which saves the combine's launch and the
@@ -986,6 +988,10 @@ __device__ __forceinline__ void decode_split(const DecodeParams& p) {
     write_stage = write_stage + 1 == p.stages ? 0 : write_stage + 1;
   }
   cp_async_wait<0>();
+  // This CTA's keys are read: the combine (launched programmatically after this kernel) may
+  // take its place on the SM; it waits for the whole grid before reading any partial.
+  // Triggering here rather than at the start keeps its CTAs out of a many-wave grid's way.
+  allow_dependent_launch();
 
   // Each lane holds part of its columns' sums: total them over the 8 lanes of the column.
 #pragma unroll

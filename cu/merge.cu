@@ -7,7 +7,9 @@
 //
 //   lse = log sum_i exp(lse_i);  o = sum_i exp(lse_i - lse) o_i  (then * 1 / (1 + e^(sink - lse)))
 //
-// Serves the split-KV combine of decode.cu (o_in = the f32 partials) and merge_states. A
+// Serves the split-KV combine of decode.cu (o_in = the f32 partials; launched programmatically
+// on sm_90, hence the wait_for_previous_grid, a no-op for merge_states' plain launches) and
+// merge_states. A
 // state whose weight is zero (lse_i = -inf, or exp underflows) is skipped by a select, never
 // multiplied, so garbage or NaN in its o_i cannot leak. lse_out excludes the sink (see
 // runtime/reference.py); a row with no key at all gives o = 0, lse = -inf.
@@ -67,6 +69,8 @@ __device__ __forceinline__ void accumulate(float (&acc)[kVec], const StateSlice&
 template <class TIn, class TOut>
 __device__ __forceinline__ void merge_row(const MergeParams& p) {
   __shared__ float warp_part[kWarps][32 * kVec];
+  // As decode's combine it is launched programmatically: the partials are not ready before.
+  wait_for_previous_grid();
   const long long row = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int s = int(row % p.seq), h = int(row / p.seq % p.heads), b = int(row / p.seq / p.heads);

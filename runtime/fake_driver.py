@@ -53,6 +53,11 @@ def _launch(function, gx, gy, gz, bx, by, bz, shared, stream, args, extra):
     return (_OK,)
 
 
+def _launch_ex(config, function, args, extra):
+    launches[0] += 1
+    return (_OK,)
+
+
 def _memcpy(dst, src, nbytes, *stream):
     ctypes.memmove(int(dst), int(src), int(nbytes))
     return (_OK,)
@@ -100,6 +105,7 @@ _FUNCTIONS = {
     "cuFuncGetAttribute": lambda attr, fn: _ok(0),
     "cuFuncSetAttribute": lambda fn, attr, value: (_OK,),
     "cuLaunchKernel": _launch,
+    "cuLaunchKernelEx": _launch_ex,
     "cuMemAlloc": lambda nbytes: _ok(cu.CUdeviceptr(_alloc(nbytes))),
     "cuMemAllocFromPoolAsync": lambda nbytes, pool, stream: _ok(cu.CUdeviceptr(_alloc(nbytes))),
     "cuMemFree": _free,

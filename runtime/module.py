@@ -140,8 +140,8 @@ class Kernel:
             raise launch_error(self.name, grid, block, shared_bytes, err)
 
 
-def launch_error(name: str, grid, block, shared_bytes: int, err) -> CudaError:
-    return CudaError(f"cuLaunchKernel({name}, grid={tuple(grid)}, block={tuple(block)}, shared={shared_bytes})", err)
+def launch_error(name: str, grid, block, shared_bytes: int, err, call: str = "cuLaunchKernel") -> CudaError:
+    return CudaError(f"{call}({name}, grid={tuple(grid)}, block={tuple(block)}, shared={shared_bytes})", err)
 
 
 # The decode K/V ring is what keeps bytes in flight: as many CTAs as shared memory allows.

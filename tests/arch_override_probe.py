@@ -2,7 +2,8 @@
 compute capability, 9.0 by default), run sdpa, decode and paged_decode under whatever
 PTXATTN_ARCH the environment holds, and print as JSON what the driver was asked to do: the
 arch ptxattn chose and, for each kernel launched, the `.target` of the PTX its module was
-loaded from; or the error the first op call raised. tests/test_arch_override.py runs it."""
+loaded from, and which kernels were launched programmatically (to start while the launch before
+them finishes); or the error the first op call raised. tests/test_arch_override.py runs it."""
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ from ptxattn.driver import cu  # noqa: E402
 _module_target: dict[int, str] = {}  # module handle -> .target of the PTX it was loaded from
 _function: dict[int, tuple[str, str]] = {}  # function handle -> (kernel name, .target)
 _launched: dict[str, str] = {}  # kernel name -> .target, for each kernel launched
+_programmatic: set[str] = set()  # kernels launched with programmatic stream serialization
 
 
 def _record(name: str, after) -> None:
@@ -50,9 +52,20 @@ def _launch(args, result) -> None:
     _launched[name] = target
 
 
+def _launch_ex(args, result) -> None:
+    config, function = args[:2]
+    name, target = _function[int(function)]
+    _launched[name] = target
+    attributes = {int(a.id): a for a in config.attrs[:config.numAttrs]}
+    pdl = attributes.get(int(cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION))
+    if pdl is not None and pdl.value.programmaticStreamSerializationAllowed:
+        _programmatic.add(name)
+
+
 _record("cuModuleLoadDataEx", _loaded)
 _record("cuModuleGetFunction", _got_function)
 _record("cuLaunchKernel", _launch)
+_record("cuLaunchKernelEx", _launch_ex)
 
 
 def main() -> dict:
@@ -71,7 +84,7 @@ def main() -> dict:
             call()
         except Exception as exc:  # the probe reports any error; the test says which it expects
             return {"error": type(exc).__name__, "message": str(exc), "raised_by": op}
-    return {"ptx_arch": ptxattn.ptx_arch(device), "launched": _launched}
+    return {"ptx_arch": ptxattn.ptx_arch(device), "launched": _launched, "programmatic": sorted(_programmatic)}
 
 
 if __name__ == "__main__":

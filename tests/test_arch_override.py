@@ -119,6 +119,34 @@ def test_override_loads_only_that_archs_ptx(arch):
     assert {"decode_split_bf16_d128", "decode_split_bf16_d64"} <= got["launched"].keys()
 
 
+# ---- programmatic dependent launch: only where the loaded PTX waits (cu/common.cuh) ------
+def _entry_body(arch: str, family: str, kernel: str) -> str:
+    ptx = (Path(__file__).resolve().parent.parent / "ptx" / arch / f"{family}.ptx").read_text()
+    start = ptx.index(f".entry {kernel}(")
+    end = ptx.find(".entry ", start + 1)
+    return ptx[start:end if end > 0 else len(ptx)]
+
+
+def test_sm90_ptx_launches_the_decode_combine_programmatically():
+    """On sm_90 PTX the split-KV combine (merge_f32_bf16, right after decode's and
+    paged_decode's split kernels) may start while the split finishes, and its PTX waits for
+    the split before reading; every other launch (sdpa, the splits) is ordinary."""
+    got = _probe(None)
+    assert got["launched"]["merge_f32_bf16"] == "sm_90"
+    assert got["programmatic"] == ["merge_f32_bf16"], got
+    assert "griddepcontrol.wait" in _entry_body("sm_90", "merge", "merge_f32_bf16")
+    assert "griddepcontrol.launch_dependents" in _entry_body("sm_90", "decode", "decode_split_bf16_d128")
+
+
+@pytest.mark.parametrize("arch, cc", [("sm_80", "9.0"), ("sm_89", "9.0"), (None, "8.0"), (None, "8.9")])
+def test_ptx_below_sm90_launches_nothing_programmatically(arch, cc):
+    """Below sm_90 the combine's PTX has no griddepcontrol.wait: launched programmatically it
+    could read the partials before the split wrote them."""
+    got = _probe(arch, cc)
+    assert "merge_f32_bf16" in got["launched"] and got["launched"]["merge_f32_bf16"] != "sm_90", got
+    assert got["programmatic"] == [], got
+
+
 @pytest.mark.parametrize("arch, cc, why", [
     ("sm_75", "9.0", "ptxattn ships no ptx/sm_75 folder"),
     ("hopper", "9.0", "not an arch name"),

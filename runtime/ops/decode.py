@@ -390,7 +390,8 @@ def bind_decode_kernels(binding, a: dict, c: DecodeChecked, q_shape, io: DecodeI
     combine = bind_merge(binding, in_dtype=np.float32, out_dtype=a["q"].dtype,
                          o_in_strides=(dv, hq * sq * splits * dv, sq * splits * dv, splits * dv),
                          lse_in_strides=(1, hq * sq * splits, sq * splits, splits), shape=(batch, hq, sq, dv),
-                         o_out_strides=o_strides, lse_out_strides=lse_strides, num_states=splits)
+                         o_out_strides=o_strides, lse_out_strides=lse_strides, num_states=splits,
+                         after_producer=True)
     if combine is None:
         return
     binding.point(ws, combine, "o_in", ws_offset + plan.workspace.offsets["o_part"])

@@ -25,6 +25,7 @@ import threading
 
 import numpy as np
 
+from ..arch import capability
 from ..array import DeviceArray, array_kind
 from ..context import default_device, on_device
 from ..device import Device
@@ -41,12 +42,23 @@ CACHE_ENTRIES = 256  # bindings kept per thread; the oldest goes first
 _SUCCESS = cu.CUresult.CUDA_SUCCESS
 
 
+# The PTX of an arch from this one on has griddepcontrol (cu/common.cuh).
+_PROGRAMMATIC_ARCH = (9, 0)
+
+
 class Launch:
-    """One kernel launch of a binding: kernel, geometry and its bound parameter struct."""
+    """One kernel launch of a binding: kernel, geometry and its bound parameter struct.
 
-    __slots__ = ("name", "function", "grid", "block", "shared", "params", "argv")
+    `programmatic`: the kernel waits for the launch before it in the stream
+    (wait_for_previous_grid, cu/common.cuh) before reading what that wrote, so it may be
+    launched with the programmatic-serialization attribute and start its CTAs while that
+    launch finishes. Taken only where the loaded PTX has the wait (sm_90 and newer); `config`
+    is then its cuLaunchKernelEx configuration (the stream is set per launch), else None."""
 
-    def __init__(self, device: Device, kernel: str, grid, block, params: ParamStruct, shared: int = 0) -> None:
+    __slots__ = ("name", "function", "grid", "block", "shared", "params", "argv", "config")
+
+    def __init__(self, device: Device, kernel: str, grid, block, params: ParamStruct, shared: int = 0,
+                 programmatic: bool = False) -> None:
         found = get_kernel(kernel, device)
         if shared > found.max_dynamic_shared:
             raise ValueError(f"{kernel} needs {shared:,} bytes of shared memory per block, {device.name} offers "
@@ -55,10 +67,26 @@ class Launch:
         self.grid, self.block, self.shared = tuple(grid), tuple(block), shared
         self.params = params
         self.argv = params.kernel_args
+        self.config = None
+        if programmatic and capability(found.arch) >= _PROGRAMMATIC_ARCH:
+            self.config = _programmatic_config(self.grid, self.block, shared)
 
     def pointer(self, field: str) -> ctypes.c_uint64:
         """A view of one pointer field of the struct, to rewrite in place."""
         return ctypes.c_uint64.from_buffer(self.params, getattr(type(self.params), field).offset)
+
+
+def _programmatic_config(grid, block, shared: int):
+    config = cu.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = block
+    config.sharedMemBytes = shared
+    attribute = cu.CUlaunchAttribute()
+    attribute.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attribute.value.programmaticStreamSerializationAllowed = 1
+    config.attrs = [attribute]
+    config.numAttrs = 1
+    return config
 
 
 class Binding:
@@ -76,8 +104,9 @@ class Binding:
         self.returns: tuple[str, ...] = ()
         self.returns_tuple = False
 
-    def launch(self, kernel: str, grid, block, params: ParamStruct, shared: int = 0) -> Launch:
-        found = Launch(self.device, kernel, grid, block, params, shared)
+    def launch(self, kernel: str, grid, block, params: ParamStruct, shared: int = 0,
+               programmatic: bool = False) -> Launch:
+        found = Launch(self.device, kernel, grid, block, params, shared, programmatic)
         self.launches.append(found)
         return found
 
@@ -180,17 +209,22 @@ class Binding:
         """Every launch, in order, on the stream with this handle (the current context must
         be the binding's)."""
         launch = cu.cuLaunchKernel
-        for function, gx, gy, gz, bx, by, bz, shared, argv, name in self.raw_launches:
-            err, = launch(function, gx, gy, gz, bx, by, bz, shared, stream, argv, 0)
+        for function, gx, gy, gz, bx, by, bz, shared, argv, name, config in self.raw_launches:
+            if config is None:
+                err, = launch(function, gx, gy, gz, bx, by, bz, shared, stream, argv, 0)
+            else:
+                config.hStream = stream
+                err, = cu.cuLaunchKernelEx(config, function, argv, 0)
             if err != _SUCCESS:
-                raise launch_error(name, (gx, gy, gz), (bx, by, bz), shared, err)
+                raise launch_error(name, (gx, gy, gz), (bx, by, bz), shared, err,
+                                   "cuLaunchKernel" if config is None else "cuLaunchKernelEx")
 
     @property
     def raw_launches(self) -> tuple:
         """The cuLaunchKernel arguments of every launch but the stream, flattened once."""
         found = self.__dict__.get("_raw_launches")
         if found is None:
-            found = self._raw_launches = tuple((x.function, *x.grid, *x.block, x.shared, x.argv, x.name)
+            found = self._raw_launches = tuple((x.function, *x.grid, *x.block, x.shared, x.argv, x.name, x.config)
                                                for x in self.launches)
         return found
 
