@@ -298,20 +298,42 @@ __device__ __forceinline__ int clamp_to_tile(long long key) {
   return static_cast<int>(max(-1LL, min(key, static_cast<long long>(BC))));
 }
 
+// Two consecutive mask elements, loaded as one.
+template <class M> struct MaskPair;
+template <> struct MaskPair<unsigned char> { using type = uchar2; };
+template <> struct MaskPair<float> { using type = float2; };
+template <> struct MaskPair<__half> { using type = __half2; };
+template <> struct MaskPair<__nv_bfloat16> { using type = __nv_bfloat162; };
+
 // Adds the mask to a thread's scores of one mma accumulator tile (see general_scores).
+// Where the mask's keys are contiguous, the thread's keys are all below Skv and its row's pair
+// of keys (col0 even) is aligned, each pair is one load at a constant offset from the row
+// pointer; else each element is its own clamped, strided load. The per-element loads and their
+// 64-bit index arithmetic were most of a masked tile's instructions (cu/flash_fwd_notes.md v9).
 template <class M, int N8>
 __device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,
                                          int col0, int seq_kv) {
+  using Pair = typename MaskPair<M>::type;
+  const bool contiguous = p.mask_key_stride == 1 && col0 + 8 * (N8 - 1) + 1 < seq_kv;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     // Rows past Sq and keys past Skv read an element that exists; the caller cuts them.
     const M* m = static_cast<const M*>(p.mask) + b * p.mask_batch_stride + h * p.mask_head_stride +
                  min(row0 + 8 * r, seq_q - 1) * p.mask_query_stride;
+    if (contiguous && reinterpret_cast<unsigned long long>(m + col0) % sizeof(Pair) == 0) {
 #pragma unroll
-    for (int j = 0; j < N8; ++j)
+      for (int j = 0; j < N8; ++j) {
+        const Pair x = *reinterpret_cast<const Pair*>(m + col0 + 8 * j);
+        s[4 * j + 2 * r] += mask_bias_log2(x.x);
+        s[4 * j + 2 * r + 1] += mask_bias_log2(x.y);
+      }
+    } else {
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
-        s[4 * j + 2 * r + c] += mask_bias_log2(m[min(col0 + 8 * j + c, seq_kv - 1) * p.mask_key_stride]);
+      for (int j = 0; j < N8; ++j)
+#pragma unroll
+        for (int c = 0; c < 2; ++c)
+          s[4 * j + 2 * r + c] += mask_bias_log2(m[min(col0 + 8 * j + c, seq_kv - 1) * p.mask_key_stride]);
+    }
   }
 }
 
