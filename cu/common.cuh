@@ -40,11 +40,11 @@ __device__ __forceinline__ void raise_fault(int* fault, int code, int row, int v
 }
 
 // ---- programmatic dependent launch (sm_90+) ---------------------------------
-// A kernel the host launches with the programmatic-serialization attribute (runtime/module.py,
-// Launch.programmatic) may start while the launch before it in its stream is still running:
-// its CTAs are scheduled as that grid's CTAs allow it (allow_dependent_launch, or their exit)
-// and must wait_for_previous_grid before touching anything that grid writes; the wait returns
-// once that grid has finished and its memory is visible. Without the attribute the wait
+// A kernel the host launches with the programmatic-serialization attribute (Launch.programmatic
+// in runtime/ops/prepared.py) may start while the launch before it in its stream is still
+// running: its CTAs are scheduled as that grid's CTAs allow it (allow_dependent_launch, or their
+// exit) and must wait_for_previous_grid before touching anything that grid writes; the wait
+// returns once that grid has finished and its memory is visible. Without the attribute the wait
 // returns at once. Below sm_90 both are nothing (the host sets the attribute only on sm_90+).
 __device__ __forceinline__ void allow_dependent_launch() {
 #if __CUDA_ARCH__ >= 900

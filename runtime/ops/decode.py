@@ -391,7 +391,7 @@ def bind_decode_kernels(binding, a: dict, c: DecodeChecked, q_shape, io: DecodeI
                          o_in_strides=(dv, hq * sq * splits * dv, sq * splits * dv, splits * dv),
                          lse_in_strides=(1, hq * sq * splits, sq * splits, splits), shape=(batch, hq, sq, dv),
                          o_out_strides=o_strides, lse_out_strides=lse_strides, num_states=splits,
-                         after_producer=True)
+                         programmatic=True)
     if combine is None:
         return
     binding.point(ws, combine, "o_in", ws_offset + plan.workspace.offsets["o_part"])

@@ -38,12 +38,12 @@ class MergeParams(ParamStruct):
 
 
 def bind_merge(binding, *, in_dtype, out_dtype, o_in_strides, lse_in_strides, shape, o_out_strides,
-               lse_out_strides, num_states: int, after_producer: bool = False):
+               lse_out_strides, num_states: int, programmatic: bool = False):
     """The merge launch of `num_states` states into o_out `shape` [B, H, S, D] (and lse_out
     [B, H, S]); strides in elements, (state, b, h, s) for the inputs, the last axis of o_in and
     o_out contiguous. Pointer fields are left for the caller to `point`; None when no row.
-    after_producer: the binding's previous launch writes the states, so this one may start
-    programmatically while it finishes (Launch.programmatic; the kernel waits for it)."""
+    programmatic: the binding's previous launch writes the states; this one may start while
+    it finishes (Launch.programmatic: the kernel waits for it before reading)."""
     batch, heads, seq, dim = shape
     rows = batch * heads * seq
     if rows == 0:
@@ -53,7 +53,7 @@ def bind_merge(binding, *, in_dtype, out_dtype, o_in_strides, lse_in_strides, sh
         batch, heads, seq, dim, num_states,
     )
     name = f"merge_{ATTENTION_DTYPES[np.dtype(in_dtype)]}_{ATTENTION_DTYPES[np.dtype(out_dtype)]}"
-    return binding.launch(name, (rows, 1, 1), (THREADS, 1, 1), params, programmatic=after_producer)
+    return binding.launch(name, (rows, 1, 1), (THREADS, 1, 1), params, programmatic=programmatic)
 
 
 def _bind_states(binding, a: dict, c: "_Checked", first: tuple[str, str]) -> None:
