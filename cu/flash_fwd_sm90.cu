@@ -175,24 +175,33 @@ __device__ __forceinline__ int chunk_bytes(int c, int cols) { return 8 * c < col
 // become zeros (so padding cannot inject NaN). Thread t copies chunk t % L of rows t / L +
 // k * step (L = kLanesPerRow<D>): its addresses advance by constants. UNROLL > 0 unrolls the
 // copies only that far (the warp-specialized producer's few registers).
+// Where THREADS cannot cover 8 rows of D at once (the warp-specialized producer's 128 threads
+// at D 192 / 256), the tile is copied one 64-column half at a time.
 template <class T, int ROWS, int D, int THREADS, int UNROLL = 0>
 __device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long row_stride, int rows_valid,
                                           int cols = D) {
   constexpr int kLanes = kLanesPerRow<D>, kStep = THREADS / kLanes;
-  constexpr int kIters = (ROWS + kStep - 1) / kStep;
-  const int tid = threadIdx.x, r0 = tid / kLanes, c = tid % kLanes;
-  if (kLanes != D / 8 && c >= D / 8) return;
-  const unsigned d0 = dst + sw128_offset<ROWS>(r0, c);
-  const T* src = g + r0 * row_stride + c * 8;
-  const int bytes = chunk_bytes(c, cols);
-  static_assert(kStep % 8 == 0, "a thread's rows keep one swizzle phase");
+  if constexpr (kStep < 8) {
+#pragma unroll
+    for (int half = 0; half < D / 64; ++half)
+      load_tile<T, ROWS, 64, THREADS, UNROLL>(dst + half * ROWS * 128, g + half * 64, row_stride, rows_valid,
+                                              cols - half * 64);
+  } else {
+    constexpr int kIters = (ROWS + kStep - 1) / kStep;
+    const int tid = threadIdx.x, r0 = tid / kLanes, c = tid % kLanes;
+    if (kLanes != D / 8 && c >= D / 8) return;
+    const unsigned d0 = dst + sw128_offset<ROWS>(r0, c);
+    const T* src = g + r0 * row_stride + c * 8;
+    const int bytes = chunk_bytes(c, cols);
+    static_assert(kStep % 8 == 0, "a thread's rows keep one swizzle phase");
 #pragma unroll(UNROLL > 0 ? UNROLL : kIters)
-  for (int i = 0; i < kIters; ++i) {
-    const int r = r0 + i * kStep;
-    if (ROWS % kStep != 0 && r >= ROWS) break;
-    const bool read = r < rows_valid;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0 + i * kStep * 128),
-                 "l"(read ? src + i * kStep * row_stride : g), "r"(read ? bytes : 0));
+    for (int i = 0; i < kIters; ++i) {
+      const int r = r0 + i * kStep;
+      if (ROWS % kStep != 0 && r >= ROWS) break;
+      const bool read = r < rows_valid;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d0 + i * kStep * 128),
+                   "l"(read ? src + i * kStep * row_stride : g), "r"(read ? bytes : 0));
+    }
   }
 }
 

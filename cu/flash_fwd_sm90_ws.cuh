@@ -78,24 +78,24 @@
 namespace ptxattn {
 namespace sm90 {
 
-// One warp-specialized variant: head dim D (= Dqk = Dv), STAGES K/V stages in the ring.
-// Shared memory holds Q (128 rows), then STAGES stages of (K, V); base rounded up to 1024.
-template <int D_, int STAGES_>
+// One warp-specialized variant: head dims DQK (Q, K) and DV (V, O), KEYS keys a K/V tile,
+// STAGES K/V stages in the ring. Shared memory holds Q (128 rows), then STAGES stages of
+// (K, V); base rounded up to 1024.
+template <int DQK_, int DV_, int KEYS_, int STAGES_>
 struct WsTile {
-  static constexpr int D = D_, STAGES = STAGES_;
-  static constexpr int DQK = D, DV = D;  // the names of the shared per-tile steps
+  static constexpr int DQK = DQK_, DV = DV_, KEYS = KEYS_, STAGES = STAGES_;
   static constexpr int CONSUMERS = 2;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int ROWS = 64 * CONSUMERS;  // query rows a CTA
-  static constexpr int KEYS = 128;
   static constexpr int Q_HALF = ROWS * 128;
   static constexpr int KV_HALF = KEYS * 128;
-  static constexpr int Q_BYTES = Q_HALF * (D / 64);
-  static constexpr int KV_BYTES = KV_HALF * (D / 64);
-  static constexpr int SHARED = Q_BYTES + 2 * STAGES * KV_BYTES + 1024;
+  static constexpr int Q_BYTES = Q_HALF * (DQK / 64);
+  static constexpr int K_BYTES = KV_HALF * (DQK / 64), V_BYTES = KV_HALF * (DV / 64);
+  static constexpr int SHARED = Q_BYTES + STAGES * (K_BYTES + V_BYTES) + 1024;
   static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
   static constexpr int PRODUCER_UNROLL = 4;  // copies a producer thread's loop issues unrolled
-  static_assert(D == 64 || D == 128, "head dim");
+  static_assert(DQK % 64 == 0 && DQK <= 256 && (DV == 64 || DV == 128 || DV == 256), "head dims");
+  static_assert(KEYS == 64 || KEYS == 128, "S is m64n64 or m64n128");
   static_assert(STAGES >= 2, "the consumers hold two stages at once");
   static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
   static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the SM's registers");
@@ -104,19 +104,19 @@ struct WsTile {
 
 // The same variant with the consumers' ping-pong (a tile type of its own rather than a
 // parameter of flash_fwd_ws, so the plain WS kernels' PTX keeps its names and bytes).
-template <int D_, int STAGES_>
-struct WsPingPongTile : WsTile<D_, STAGES_> {
+template <int DQK_, int DV_, int KEYS_, int STAGES_>
+struct WsPingPongTile : WsTile<DQK_, DV_, KEYS_, STAGES_> {
   static constexpr bool PINGPONG = true;
   static constexpr int PP_BAR0 = 1;  // consumer g's turn barrier is PP_BAR0 + g - 1 (0: __syncthreads)
-  static_assert(WsTile<D_, STAGES_>::CONSUMERS == 2, "the turns alternate between two consumers");
+  static_assert(WsTile<DQK_, DV_, KEYS_, STAGES_>::CONSUMERS == 2, "the turns alternate between two consumers");
 };
-template <int D, int STAGES, bool PINGPONG>
+template <int DQK, int DV, int KEYS, int STAGES, bool PINGPONG>
 struct WsTileFor {
-  using type = WsTile<D, STAGES>;
+  using type = WsTile<DQK, DV, KEYS, STAGES>;
 };
-template <int D, int STAGES>
-struct WsTileFor<D, STAGES, true> {
-  using type = WsPingPongTile<D, STAGES>;
+template <int DQK, int DV, int KEYS, int STAGES>
+struct WsTileFor<DQK, DV, KEYS, STAGES, true> {
+  using type = WsPingPongTile<DQK, DV, KEYS, STAGES>;
 };
 
 // ---- mbarrier and setmaxnreg wrappers ---------------------------------------------------
@@ -165,12 +165,12 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 
 template <class T, class Tile, bool GENERAL>
 __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
-  constexpr int D = Tile::D, ROWS = Tile::ROWS, KEYS = Tile::KEYS, STAGES = Tile::STAGES;
-  constexpr int O_REGS = D / 2;
+  constexpr int DQK = Tile::DQK, DV = Tile::DV, ROWS = Tile::ROWS, KEYS = Tile::KEYS, STAGES = Tile::STAGES;
+  constexpr int O_REGS = DV / 2;
   const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
   const unsigned q_addr = base;
-  auto k_addr = [&](int stage) { return base + Tile::Q_BYTES + 2 * stage * Tile::KV_BYTES; };
-  auto v_addr = [&](int stage) { return k_addr(stage) + Tile::KV_BYTES; };
+  auto k_addr = [&](int stage) { return base + Tile::Q_BYTES + stage * (Tile::K_BYTES + Tile::V_BYTES); };
+  auto v_addr = [&](int stage) { return k_addr(stage) + Tile::K_BYTES; };
 
   __shared__ SeqTile tile_info;
   __shared__ int tile_found;
@@ -215,17 +215,17 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
                     hk * p.k_head_stride;
       const T* gv = static_cast<const T*>(p.v) + st.b() * p.v_batch_stride + st.k_tok0() * p.v_seq_stride +
                     hk * p.v_head_stride;
-      load_tile<T, ROWS, D, 128, Tile::PRODUCER_UNROLL>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
+      load_tile<T, ROWS, DQK, 128, Tile::PRODUCER_UNROLL>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
       mbar_arrive_cp_async(q_full);
       for (int t = tile_begin; t < tile_end; ++t) {
         const int stage = stage_of(t), n0 = t * KEYS, rows_valid = st.seq_kv() - n0;
         const bool refill = t - tile_begin >= STAGES;
         if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
-        load_tile<T, KEYS, D, 128, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, rows_valid,
+        load_tile<T, KEYS, DQK, 128, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, rows_valid,
                                                           p.dim_qk);
         mbar_arrive_cp_async(k_full(stage));
         if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
-        load_tile<T, KEYS, D, 128, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, rows_valid,
+        load_tile<T, KEYS, DV, 128, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, rows_valid,
                                                           p.dim_v);
         mbar_arrive_cp_async(v_full(stage));
       }
@@ -299,7 +299,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     if (my_begin < my_end) {
       const unsigned q_group = q_addr + (role - 1) * 64 * 128;  // this warpgroup's rows of each half
       mbar_wait(q_full, 0);
-      float s[64], alpha[2];
+      float s[KEYS / 2], alpha[2];
       unsigned pa[KEYS / 16][4];
       wait_k(my_begin);
       turn_wait(my_begin);
@@ -346,7 +346,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       empty_turn(t + 1);
     }
 
-    store_rows<T, D>(p, st, h, o, row_max, row_sum, my_row, lane);
+    store_rows<T, DV>(p, st, h, o, row_max, row_sum, my_row, lane);
   }
 }
 
@@ -356,8 +356,8 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 // NAME: the warp-specialized kernel (K/V through strides), the flash_fwd_sm90 table's "ws"
 // variants; PINGPONG: with the consumers' ping-pong ("pingpong" variants, NAME ends _pp);
 // GENERAL: the per-element score path (masks, softcap, any scale; NAME has _general).
-#define FLASH_FWD_SM90_WS(NAME, T, D, STAGES, PINGPONG, GENERAL)                                       \
-  extern "C" __global__ void __launch_bounds__(                                                     \
-      ptxattn::sm90::WsTileFor<D, STAGES, PINGPONG>::type::THREADS, 1) NAME(const ptxattn::FlashFwdParams p) { \
-    ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<D, STAGES, PINGPONG>::type, GENERAL>(p); \
+#define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, PINGPONG, GENERAL)                                    \
+  extern "C" __global__ void __launch_bounds__(                                                                    \
+      ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, PINGPONG>::type::THREADS, 1) NAME(const ptxattn::FlashFwdParams p) { \
+    ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, PINGPONG>::type, GENERAL>(p); \
   }

@@ -235,7 +235,7 @@ def sm90_tiles() -> Mapping[tuple[int, int, bool], Sm90Tile]:
 
 @functools.cache
 def sm90_ws_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
-    """flash_fwd_sm90's warp-specialized tiles (f16 / bf16, strided K/V, Dqk = Dv = dim) by
+    """flash_fwd_sm90's warp-specialized tiles (f16 / bf16, strided K/V, Dqk = dim, Dv = dim_v) by
     (dim, general), smallest first; ops/attention.py runs them unless PTXATTN_SM90_WS=0."""
     tiles = sorted(_sm90_tiles(fp8=False, ws=True), key=lambda t: t.dim)
     return MappingProxyType({(t.dim, t.general): t for t in tiles})

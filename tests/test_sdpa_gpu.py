@@ -260,8 +260,8 @@ def test_strided_bshd_inputs_and_output(dtype, offset, rng):
 
 
 @pytest.mark.parametrize("dtype, d, options, kernel", [
-    # Head dims up to 128: the warp-specialized kernels (the wgmma ones they replaced, named
-    # here, under PTXATTN_SM90_WS=0).
+    # The warp-specialized kernels (the wgmma ones they replaced, named here, run under
+    # PTXATTN_SM90_WS=0).
     (BF16, 128, {}, "flash_fwd_sm90_bf16_d128"),
     (F16, 64, {}, "flash_fwd_sm90_f16_d64"),
     # Masks, softcap and scale <= 0: the general kernels.
@@ -296,8 +296,8 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options,
 
     monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
     dqk, dv = d if isinstance(d, tuple) else (d, d)
-    ws_dim = next((dim for dim, general in sm90_ws_tiles() if general == ("_general" in kernel)
-                   and dqk <= dim and dv <= dim), None)
+    ws_dim = next((dim for (dim, general), tile in sm90_ws_tiles().items() if general == ("_general" in kernel)
+                   and tile.holds(dqk, dv)), None)
     if attention.sm90_ws_enabled() and ws_dim is not None:
         kernel += "_ws" + "_pp" * (ws_dim in attention.sm90_pingpong_dims())
     case = Case(dtype, 1, 2, 2, 300, 333, dqk, dv, **options)

@@ -1,10 +1,10 @@
-"""The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default for head dims up
-to 128: the _ws_pp ping-pong twins at D64, the _ws kernels at D128, plain and _general) against
+"""The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default at every head dim:
+the _ws_pp ping-pong twins at D64, the _ws kernels at the others, plain and _general) against
 the float64 reference and, bit for bit (same summation order), against the wgmma kernels they
 replaced (PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0) and the _ws_pp
-kernels at every dim (PTXATTN_SM90_PINGPONG=1): D64 / D128 and zero-padded smaller dims, f16 /
-bf16, causal both alignments, windows, masks, softcap, scale <= 0, GQA, sinks, LSE, odd lengths,
-rows with no key, ragged batches. Both settings are read once a
+kernels at every dim (PTXATTN_SM90_PINGPONG=1): D64, D128, Dqk 192 / Dv 128, D256 and dims
+zero-padded into them, f16 / bf16, causal both alignments, windows, masks, softcap, scale <= 0,
+GQA, sinks, LSE, odd lengths, rows with no key, ragged batches. Both settings are read once a
 process, so a child process a setting (CHILDREN) runs every case (same seeded inputs) and this
 one, on the default kernels, compares. Only the children run the kernels under test: one that
 hangs (a barrier bug) ends in the child's timeout, not in this process.
@@ -25,6 +25,7 @@ import pytest
 import ptxattn
 from ptxattn import reference
 from ptxattn.ops import attention
+from ptxattn.variants import sm90_ws_pp_tiles, sm90_ws_tiles
 
 from serving_util import check_rows, covered_rows, ragged_batch
 from test_sdpa_gpu import BF16, F16, Case, _check, _run_device
@@ -71,6 +72,16 @@ CASES = [
     Case(F16, 1, 8, 2, 1500, 1500, 64, 64, causal=True, align="bottom_right", mask="bhqk", mask_dtype=F16),
     Case(BF16, 1, 2, 2, 300, 130, 128, 128, causal=True, scale=0.0),        # rows with no key, scale 0
     Case(F16, 1, 4, 4, 333, 444, 40, 40, mask="k", mask_dtype=BF16, sinks=True),
+    # The larger head dims: Dqk 192 / Dv 128 (128-key tiles) and 256 (64-key tiles), plain and
+    # general, and dims zero-padded into them.
+    Case(BF16, 2, 4, 2, 1025, 1025, 256, 256, causal=True),
+    Case(F16, 1, 4, 4, 300, 777, 256, 256, sinks=True),
+    Case(BF16, 1, 4, 1, 97, 1025, 192, 128, causal=True, align="bottom_right"),
+    Case(F16, 1, 8, 8, 1500, 1500, 192, 128, causal=True),                      # many tiles: the ring wraps
+    Case(BF16, 1, 4, 2, 300, 500, 200, 136, window=(60, 5)),
+    Case(F16, 1, 4, 2, 257, 900, 160, 128, mask="bhqk", mask_dtype=np.dtype(bool)),
+    Case(BF16, 1, 4, 4, 1000, 1000, 256, 256, causal=True, softcap=30.0),
+    Case(F16, 1, 2, 2, 300, 130, 256, 256, causal=True, scale=-0.05, mask="qk", mask_dtype=F16),
 ]
 # (dtype, D, lengths of the queries, options): ragged batches (bottom-right per sequence).
 RAGGED = [
@@ -196,8 +207,11 @@ if __name__ == "__main__":
     (variable, value), suffix = CHILDREN[sys.argv[3]]
     assert os.environ.get(variable) == value, f"the child {sys.argv[3]} wants {variable}={value}"
     for dtype, name in ((BF16, "bf16"), (F16, "f16")):
-        for d in (64, 128):
-            for kind in ("", "_general"):
-                kernel = attention.plan_kernel(np.dtype(dtype), d, d, kind == "_general", True).kernel
-                assert kernel == f"flash_fwd_sm90_{name}_d{d}{kind}{suffix}", f"{sys.argv[3]}: calls run {kernel}"
+        for (dim, general), tile in sm90_ws_tiles().items():
+            kernel = attention.plan_kernel(np.dtype(dtype), dim, tile.dim_v, general, True).kernel
+            # The plain wgmma kernels' names are the ws ones' without the suffix; dims without
+            # ping-pong twins run the ws kernel in the ping-pong child.
+            want = tile.kernel(name).removesuffix("_ws") + (
+                "_ws" if suffix == "_ws_pp" and (dim, general) not in sm90_ws_pp_tiles() else suffix)
+            assert kernel == want, f"{sys.argv[3]}: calls run {kernel}, not {want}"
     np.savez(sys.argv[2], **_run_all(int(sys.argv[1])))

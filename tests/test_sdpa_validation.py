@@ -175,9 +175,9 @@ def test_plan_wgmma_tile_for_every_head_dim(dqk, dv, general, kernel):
 
 def test_plan_wgmma_tiles_of_the_larger_head_dims():
     # Two warpgroups; Dqk 192 / Dv 128: two stages of 128 keys; D256: two stages of 64 keys.
-    plan = attention.plan_kernel(ptxattn.bfloat16, 192, 128, False, True)
+    plan = attention.plan_kernel(ptxattn.bfloat16, 192, 128, False, True, ws=False)
     assert (plan.rows, plan.threads, plan.shared) == (128, 256, 2 * (192 * 128 + 2 * 128 * (192 + 128)) + 1024)
-    plan = attention.plan_kernel(ptxattn.bfloat16, 256, 256, True, True)
+    plan = attention.plan_kernel(ptxattn.bfloat16, 256, 256, True, True, ws=False)
     assert (plan.rows, plan.threads, plan.shared) == (128, 256, 2 * (256 * 128 + 2 * 64 * 512) + 1024)
 
 
@@ -201,12 +201,20 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
         "flash_fwd_sm90_bf16_d64_general_ws"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 64, True, True, ws=True, pingpong=False).kernel == \
         "flash_fwd_sm90_bf16_d128_general_ws"
-    # Paged, unaligned, larger or not-multiple-of-8 head dims keep their kernels; ws=False the default one.
+    # Larger head dims: the 192 / 128 and 256 tiles (64-key tiles at 256, as their wgmma kernels).
+    plan = attention.plan_kernel(ptxattn.bfloat16, 192, 128, False, True, ws=True, pingpong=False)
+    assert (plan.kernel, plan.threads, plan.shared) == ("flash_fwd_sm90_bf16_d192_128_ws", 384,
+                                                        2 * (192 * 128 + 2 * 128 * (192 + 128)) + 1024)
+    plan = attention.plan_kernel(np.dtype(np.float16), 256, 256, True, True, ws=True, pingpong=False)
+    assert (plan.kernel, plan.shared) == ("flash_fwd_sm90_f16_d256_general_ws", 2 * (256 * 128 + 2 * 64 * 512) + 1024)
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 256, False, True, ws=True, pingpong=False).kernel == \
+        "flash_fwd_sm90_bf16_d256_ws"
+    # Paged, unaligned or not-multiple-of-8 head dims keep their kernels; ws=False the default one.
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, paged=True, ws=True).kernel == \
         "flash_fwd_sm90_bf16_d128_paged"
+    assert attention.plan_kernel(ptxattn.bfloat16, 256, 256, False, True, paged=True, ws=True).kernel == \
+        "flash_fwd_sm90_bf16_d256_paged"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, ws=True).kernel == "flash_fwd_bf16_d128"
-    assert attention.plan_kernel(ptxattn.bfloat16, 192, 128, False, True, ws=True).kernel == \
-        "flash_fwd_sm90_bf16_d192_128"
     assert attention.plan_kernel(ptxattn.bfloat16, 100, 100, True, True, ws=True).kernel == \
         "flash_fwd_bf16_d128_general"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d128"
@@ -222,7 +230,7 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
             assert attention.plan_kernel(ptxattn.bfloat16, d, d, general, True).kernel == default
 
 
-@pytest.mark.parametrize("value, dims", [(None, {64}), ("", {64}), ("1", {64, 128}), ("0", set())])
+@pytest.mark.parametrize("value, dims", [(None, {64}), ("", {64}), ("1", {64, 128, 192, 256}), ("0", set())])
 def test_sm90_pingpong_dims_follow_the_setting(monkeypatch, value, dims):
     if value is None:
         monkeypatch.delenv(attention.SM90_PINGPONG_ENV, raising=False)

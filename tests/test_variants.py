@@ -114,15 +114,22 @@ def test_views_are_read_only():
 
 def test_sm90_ws_tiles():
     """The warp-specialized kernels, plain and general: a producer warpgroup beside `groups`
-    consumers of 64 rows, Q and `stages` K/V stages within sm_90's 227 KB."""
+    consumers of 64 rows, Q and `stages` K/V stages within sm_90's 227 KB, at every head dim the
+    plain wgmma kernels have."""
     ws = sm90_ws_tiles()
-    assert set(ws) == {(64, False), (128, False), (64, True), (128, True)}
+    dims = {64: 64, 128: 128, 192: 128, 256: 256}  # Dqk: Dv
+    assert set(ws) == {(dim, general) for dim in dims for general in (False, True)}
     for (dim, general), tile in ws.items():
-        assert tile.ws and tile.general == general and not tile.fp8
+        assert tile.ws and tile.general == general and not tile.fp8 and tile.dim_v == dims[dim]
         assert (tile.rows, tile.threads) == (128, 384)
-        assert tile.shared_bytes == 2 * dim * (128 + 2 * tile.stages * 128) + 1024 <= 227 * 1024 - 4096
-        assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_d{dim}{'_general' * general}_ws"
-        assert tile.stages == {128: 2, 64: 3}[dim]
+        assert tile.keys == (64 if dim == 256 else 128)
+        assert tile.stages == (3 if dim == 64 else 2)
+        assert tile.shared_bytes == 2 * (dim * 128 + tile.stages * tile.keys * (dim + tile.dim_v)) + 1024
+        assert tile.shared_bytes <= 227 * 1024 - 4096
+        dims_name = f"d{dim}" + (f"_{tile.dim_v}" if tile.dim_v != dim else "")
+        assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_{dims_name}{'_general' * general}_ws"
+        plain = sm90_tiles()[dim, tile.dim_v, general]  # the kernel a ws tile replaces: same tile shape
+        assert (plain.keys, plain.dim_v) == (tile.keys, tile.dim_v)
     assert list(ws)[:2] in ([(64, False), (64, True)], [(64, True), (64, False)])  # smallest first
     assert all(not t.ws for t in sm90_tiles().values())
     assert all(not t.pingpong for t in ws.values())
@@ -130,5 +137,6 @@ def test_sm90_ws_tiles():
     pp = sm90_ws_pp_tiles()
     assert set(pp) == set(ws)
     for (dim, general), tile in pp.items():
+        dims_name = f"d{dim}" + (f"_{tile.dim_v}" if tile.dim_v != dim else "")
         assert tile.pingpong and dataclasses.replace(tile, pingpong=False) == ws[dim, general]
-        assert tile.kernel("f16") == f"flash_fwd_sm90_f16_d{dim}{'_general' * general}_ws_pp"
+        assert tile.kernel("f16") == f"flash_fwd_sm90_f16_{dims_name}{'_general' * general}_ws_pp"
