@@ -1,6 +1,6 @@
 """The wheel (built from the sdist) carries the PTX the manifest lists and the license,
-setuptools builds both without a warning, and the committed PTX matches cu/ (needs the
-`build` extra)."""
+setuptools builds both without a warning, the committed PTX matches cu/ (needs the `build`
+extra) and stays within its size budget."""
 from __future__ import annotations
 
 import importlib.util
@@ -61,3 +61,14 @@ def test_committed_ptx_matches_sources():
         pytest.skip(reason)
     proc = subprocess.run([sys.executable, str(BUILD_PTX), "--check"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+PTX_BUDGET_BYTES = 40_000_000  # issue 10: all of ptx/ within 40 MB
+
+
+def test_ptx_stays_within_its_budget():
+    sizes = {p.relative_to(ROOT).as_posix(): p.stat().st_size for p in (ROOT / "ptx").rglob("*") if p.is_file()}
+    largest = sorted(sizes, key=sizes.get, reverse=True)[:3]
+    assert sum(sizes.values()) <= PTX_BUDGET_BYTES, (
+        f"ptx/ holds {sum(sizes.values())} bytes, over its {PTX_BUDGET_BYTES}; largest: "
+        + ", ".join(f"{p} {sizes[p]}" for p in largest))
