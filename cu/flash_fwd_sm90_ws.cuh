@@ -176,14 +176,14 @@ struct WsWork {
   int head, found, tile_begin, tile_end, ring0, q_use;
 };
 
-// Work tile w of the grid (work_x, Hq, work_z), x fastest as a 3-d grid's blocks start: the
-// query blocks of one head run side by side and share its K/V in L2 (x slowest, every head's
-// heaviest block first, ran D128 at 0.79x: 132 heads' K/V streamed from DRAM at once). Found by
-// the calling warp (the first of its warpgroup); only the producer's warp of work tile 0 checks
-// a serving batch's sequences.
+// Work tile w of the grid (work_x, Hq, work_z), x slowest: with heavy_first every head's and
+// batch's heaviest query block comes before any lighter one. Found by the calling warp (the
+// first of its warpgroup); only the producer's warp of work tile (0, 0, 0) checks a serving
+// batch's sequences.
 template <int ROWS>
 __device__ __forceinline__ bool find_work(const FlashFwdParams& p, int w, bool producer, SeqTile& t, int& h) {
-  const int x = w % p.work_x, r = w / p.work_x;
+  const int per_x = p.heads_q * p.work_z;
+  const int x = w / per_x, r = w - x * per_x;
   h = r % p.heads_q;
   return find_tile<ROWS>(p, t, x, r / p.heads_q, producer && w == 0);
 }
