@@ -52,9 +52,6 @@ struct FlashFwdParams {
   int min_queries;      // sequences with fewer new queries get no tile (decode serves them)
   int kv_fp8;           // Fp8Kind of k and v (read by the _fp8 kernels only)
   float k_scale, v_scale;  // fp8 per-tensor scales, where k_scales / v_scales are null
-  // The work tiles (work_x, Hq, work_z) as the dense / serving grid lays them out: the
-  // warp-specialized kernels walk them from a 1-d grid (flash_fwd_sm90_ws.cuh).
-  int work_x, work_z;
 };
 
 // The rows one block serves: query rows [m0, m0 + BR) of sequence b, whose queries start at
@@ -92,22 +89,23 @@ __device__ __forceinline__ Sequence sequence_at(const FlashFwdParams& p, int b, 
   return {n >= p.min_queries && n > 0 ? (n + BR - 1) / BR : 0, q0, n, k0, k1 - k0};
 }
 
-// Which rows work tile (x, z) serves, as a warp finds them; false when none (a spare tile of a
-// serving grid). Dense: tiles (query blocks, B). Serving: tiles (tile budget, 1); tile x is the
-// x-th counting sequence by sequence (each sequence's heaviest tile first when heavy_first),
-// found by a warp-wide scan of the offsets 32 sequences at a time. The checker warp (one in
-// the whole grid) scans every sequence and reports bad ones to the fault buffer.
+// Which rows this block serves, as warp 0 finds them; false when none (a spare block of a
+// serving grid). Dense: grid (query blocks, Hq, B). Serving: grid (tile budget, Hq, 1); block x
+// is the x-th tile counting sequence by sequence (each sequence's heaviest tile first when
+// heavy_first), found by a warp-wide scan of the offsets 32 sequences at a time. Warp 0 of
+// block (0, 0) scans every sequence and reports bad ones to the fault buffer.
 template <int BR>
-__device__ __forceinline__ bool find_tile(const FlashFwdParams& p, SeqTile& t, int x, int z, bool checker) {
+__device__ __forceinline__ bool find_tile(const FlashFwdParams& p, SeqTile& t) {
   if (p.cu_seqlens_q == nullptr) {
     const int num_blocks = (p.seq_q + BR - 1) / BR;
-    t.b = z;
-    t.m0 = (p.heavy_first ? num_blocks - 1 - x : x) * BR;
+    t.b = blockIdx.z;
+    t.m0 = (p.heavy_first ? num_blocks - 1 - int(blockIdx.x) : int(blockIdx.x)) * BR;
     t.seq_q = p.seq_q, t.seq_kv = p.seq_kv, t.q_tok0 = 0, t.k_tok0 = 0, t.diag_offset = p.diag_offset;
     return true;
   }
   const int lane = threadIdx.x & 31;
-  const int want = x;
+  const bool checker = blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x < 32;
+  const int want = blockIdx.x;
   bool found = false;
   for (int b0 = 0, before = 0; b0 < p.num_seqs; b0 += 32) {
     const Sequence mine = b0 + lane < p.num_seqs ? sequence_at<BR>(p, b0 + lane, checker) : Sequence{0, 0, 0, 0, 0};
@@ -156,13 +154,13 @@ struct TileRef {
   }
 };
 
-// Finds the block's rows (warp 0; grid (x, Hq, z), head blockIdx.y) and shares them with every
-// thread through `shared`; false (for the whole block) when it has none.
+// Finds the block's rows (warp 0) and shares them with every thread through `shared`; false
+// (for the whole block) when it has none.
 template <int BR>
 __device__ __forceinline__ bool resolve_tile(const FlashFwdParams& p, SeqTile& shared, int& found) {
   if (threadIdx.x < 32) {
     SeqTile t;
-    const bool any = find_tile<BR>(p, t, blockIdx.x, blockIdx.z, blockIdx.x == 0 && blockIdx.y == 0);
+    const bool any = find_tile<BR>(p, t);
     if (threadIdx.x == 0) {
       shared = t;
       found = any;

@@ -81,9 +81,9 @@ namespace sm90 {
 // One warp-specialized variant: head dims DQK (Q, K) and DV (V, O), KEYS keys a K/V tile,
 // STAGES K/V stages in the ring. Shared memory holds Q (128 rows), then STAGES stages of
 // (K, V); base rounded up to 1024.
-template <int DQK_, int DV_, int KEYS_, int STAGES_, int Q_STAGES_>
+template <int DQK_, int DV_, int KEYS_, int STAGES_>
 struct WsTile {
-  static constexpr int DQK = DQK_, DV = DV_, KEYS = KEYS_, STAGES = STAGES_, Q_STAGES = Q_STAGES_;
+  static constexpr int DQK = DQK_, DV = DV_, KEYS = KEYS_, STAGES = STAGES_;
   static constexpr int CONSUMERS = 2;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int ROWS = 64 * CONSUMERS;  // query rows a CTA
@@ -91,14 +91,12 @@ struct WsTile {
   static constexpr int KV_HALF = KEYS * 128;
   static constexpr int Q_BYTES = Q_HALF * (DQK / 64);
   static constexpr int K_BYTES = KV_HALF * (DQK / 64), V_BYTES = KV_HALF * (DV / 64);
-  static constexpr int SHARED = Q_STAGES * Q_BYTES + STAGES * (K_BYTES + V_BYTES) + 1024;
-  static constexpr int WG_BAR0 = 3;  // warpgroup g's own named barrier is WG_BAR0 + g (after ping-pong's 1, 2)
-  static constexpr int PRODUCER_REGS = 48, CONSUMER_REGS = 232;
+  static constexpr int SHARED = Q_BYTES + STAGES * (K_BYTES + V_BYTES) + 1024;
+  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
   static constexpr int PRODUCER_UNROLL = 4;  // copies a producer thread's loop issues unrolled
   static_assert(DQK % 64 == 0 && DQK <= 256 && (DV == 64 || DV == 128 || DV == 256), "head dims");
   static_assert(KEYS == 64 || KEYS == 128, "S is m64n64 or m64n128");
   static_assert(STAGES >= 2, "the consumers hold two stages at once");
-  static_assert(Q_STAGES == 1 || Q_STAGES == 2, "Q buffers");
   static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
   static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the SM's registers");
   static constexpr bool PINGPONG = false;
@@ -106,19 +104,19 @@ struct WsTile {
 
 // The same variant with the consumers' ping-pong (a tile type of its own rather than a
 // parameter of flash_fwd_ws, so the plain WS kernels' PTX keeps its names and bytes).
-template <int DQK_, int DV_, int KEYS_, int STAGES_, int Q_STAGES_>
-struct WsPingPongTile : WsTile<DQK_, DV_, KEYS_, STAGES_, Q_STAGES_> {
+template <int DQK_, int DV_, int KEYS_, int STAGES_>
+struct WsPingPongTile : WsTile<DQK_, DV_, KEYS_, STAGES_> {
   static constexpr bool PINGPONG = true;
   static constexpr int PP_BAR0 = 1;  // consumer g's turn barrier is PP_BAR0 + g - 1 (0: __syncthreads)
-  static_assert(WsTile<DQK_, DV_, KEYS_, STAGES_, Q_STAGES_>::CONSUMERS == 2, "the turns alternate between two consumers");
+  static_assert(WsTile<DQK_, DV_, KEYS_, STAGES_>::CONSUMERS == 2, "the turns alternate between two consumers");
 };
-template <int DQK, int DV, int KEYS, int STAGES, int Q_STAGES, bool PINGPONG>
+template <int DQK, int DV, int KEYS, int STAGES, bool PINGPONG>
 struct WsTileFor {
-  using type = WsTile<DQK, DV, KEYS, STAGES, Q_STAGES>;
+  using type = WsTile<DQK, DV, KEYS, STAGES>;
 };
-template <int DQK, int DV, int KEYS, int STAGES, int Q_STAGES>
-struct WsTileFor<DQK, DV, KEYS, STAGES, Q_STAGES, true> {
-  using type = WsPingPongTile<DQK, DV, KEYS, STAGES, Q_STAGES>;
+template <int DQK, int DV, int KEYS, int STAGES>
+struct WsTileFor<DQK, DV, KEYS, STAGES, true> {
+  using type = WsPingPongTile<DQK, DV, KEYS, STAGES>;
 };
 
 // ---- mbarrier and setmaxnreg wrappers ---------------------------------------------------
@@ -165,60 +163,26 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// A warpgroup's work tile beside its SeqTile: head, whether it has rows, its key tiles
-// [tile_begin, tile_end), the ring use of key tile 0 (ring0 + t is tile t's; tiles before
-// tile_begin are not in the ring) and its use of the Q buffers (counting work tiles with keys).
-struct WsWork {
-  int head, found, tile_begin, tile_end, ring0, q_use;
-};
-
-// Work tile w of the grid (work_x, Hq, work_z), x slowest: with heavy_first every head's and
-// batch's heaviest query block comes before any lighter one. Found by the calling warp (the
-// first of its warpgroup); only the producer's warp of work tile (0, 0, 0) checks a serving
-// batch's sequences.
-template <int ROWS>
-__device__ __forceinline__ bool find_work(const FlashFwdParams& p, int w, bool producer, SeqTile& t, int& h) {
-  const int per_x = p.heads_q * p.work_z;
-  const int x = w / per_x, r = w - x * per_x;
-  h = r % p.heads_q;
-  return find_tile<ROWS>(p, t, x, r / p.heads_q, producer && w == 0);
-}
-
 template <class T, class Tile, bool GENERAL>
 __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   constexpr int DQK = Tile::DQK, DV = Tile::DV, ROWS = Tile::ROWS, KEYS = Tile::KEYS, STAGES = Tile::STAGES;
-  constexpr int Q_STAGES = Tile::Q_STAGES;
   constexpr int O_REGS = DV / 2;
   const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
-  auto q_addr = [&](int q_stage) { return base + q_stage * Tile::Q_BYTES; };
-  auto k_addr = [&](int stage) {
-    return base + Q_STAGES * Tile::Q_BYTES + stage * (Tile::K_BYTES + Tile::V_BYTES);
-  };
+  const unsigned q_addr = base;
+  auto k_addr = [&](int stage) { return base + Tile::Q_BYTES + stage * (Tile::K_BYTES + Tile::V_BYTES); };
   auto v_addr = [&](int stage) { return k_addr(stage) + Tile::K_BYTES; };
 
-  // Each warpgroup's current work tile (producer 0, consumers 1 and 2) as its first thread
-  // found it: its rows, head, key tiles and their place in the ring (WsWork), and the ring and Q
-  // uses of the tiles before it. In shared memory, read afresh where used (as TileRef's fields):
-  // in registers through the key loop they cost the general kernels spills.
-  __shared__ SeqTile tile_info[3];
-  __shared__ WsWork work_info[3];
-  __shared__ int ring_next[3], q_next[3];
-  // Q full and Q empty (Q_STAGES each), then K full, V full, K empty, V empty (STAGES each).
-  __shared__ __align__(8) unsigned long long bars[2 * Q_STAGES + 4 * STAGES];
-  const unsigned bar0 = smem_u32(bars);
-  auto q_full = [&](int s) { return bar0 + 8 * s; };
-  auto q_empty = [&](int s) { return bar0 + 8 * (Q_STAGES + s); };
-  auto k_full = [&](int s) { return bar0 + 8 * (2 * Q_STAGES + s); };
-  auto v_full = [&](int s) { return bar0 + 8 * (2 * Q_STAGES + STAGES + s); };
-  auto k_empty = [&](int s) { return bar0 + 8 * (2 * Q_STAGES + 2 * STAGES + s); };
-  auto v_empty = [&](int s) { return bar0 + 8 * (2 * Q_STAGES + 3 * STAGES + s); };
-  if (threadIdx.x < 3) ring_next[threadIdx.x] = q_next[threadIdx.x] = 0;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int s = 0; s < Q_STAGES; ++s) {
-      mbar_init(q_full(s), 128);
-      mbar_init(q_empty(s), 4 * Tile::CONSUMERS);
-    }
+  __shared__ SeqTile tile_info;
+  __shared__ int tile_found;
+  // Q full, then K full, V full, K empty, V empty: STAGES each.
+  __shared__ __align__(8) unsigned long long bars[1 + 4 * STAGES];
+  const unsigned q_full = smem_u32(bars);
+  auto k_full = [&](int s) { return q_full + 8 * (1 + s); };
+  auto v_full = [&](int s) { return q_full + 8 * (1 + STAGES + s); };
+  auto k_empty = [&](int s) { return q_full + 8 * (1 + 2 * STAGES + s); };
+  auto v_empty = [&](int s) { return q_full + 8 * (1 + 3 * STAGES + s); };
+  if (threadIdx.x == 32) {  // warp 1, while warp 0 finds the block's rows
+    mbar_init(q_full, 128);
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(k_full(s), 128);
@@ -228,87 +192,49 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     }
     mbar_fence_init();
   }
-  __syncthreads();  // the barriers are initialized; no __syncthreads after this one
+  if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;  // its __syncthreads publishes the barriers
+  const TileRef st{tile_info};
+  const int m0 = st.m0();
+  const int h = blockIdx.y;
+
+  int tile_begin, tile_end;
+  key_tile_range<KEYS>(st.seq_kv(), st.window(p), m0, min(m0 + ROWS, st.seq_q()) - 1, tile_begin, tile_end);
+  // The stage of key tile t and which use of it that is.
+  auto stage_of = [&](int t) { return (t - tile_begin) % STAGES; };
+  auto parity_of = [&](int t) { return static_cast<unsigned>((t - tile_begin) / STAGES) & 1u; };
 
   const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);  // warp-uniform to the compiler
-  const int lane = threadIdx.x & 31, warp_in_group = (threadIdx.x >> 5) & 3;
-  const TileRef st{tile_info[role]};
-  const WsWork& work = work_info[role];
-  // Moves the warpgroup to work tile w once all of it is done reading the last one's fields;
-  // false when w has no rows (a spare serving tile). Every warpgroup goes through the same work
-  // tiles and each of their key tiles, so their ring and Q counts agree.
-  auto next_work = [&](int w) {
-    named_bar_sync(Tile::WG_BAR0 + role, 128);
-    if (warp_in_group == 0) {
-      SeqTile t;
-      int head;
-      const bool any = find_work<ROWS>(p, w, role == 0, t, head);
-      if (lane == 0) {
-        tile_info[role] = t;
-        WsWork x{head, any, 0, 0, 0, 0};
-        if (any) {
-          key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
-                               min(t.m0 + ROWS, t.seq_q) - 1, x.tile_begin, x.tile_end);
-          x.ring0 = ring_next[role] - x.tile_begin;
-          x.q_use = q_next[role];
-          if (x.tile_begin < x.tile_end) ring_next[role] += x.tile_end - x.tile_begin, q_next[role] += 1;
-        }
-        work_info[role] = x;
-      }
-    }
-    named_bar_sync(Tile::WG_BAR0 + role, 128);
-    return fresh(work.found) != 0;
-  };
-  // Key tile t's place in the ring: its stage and which use of that stage (its parity); the
-  // work tile's Q buffer and the parity of its use.
-  auto stage_of = [&](int t) { return (fresh(work.ring0) + t) % STAGES; };
-  auto parity_of = [&](int t) { return static_cast<unsigned>((fresh(work.ring0) + t) / STAGES) & 1u; };
-  auto q_stage = [&] { return fresh(work.q_use) % Q_STAGES; };
-  auto q_parity = [&] { return static_cast<unsigned>(fresh(work.q_use) / Q_STAGES) & 1u; };
-  const int work_tiles = p.work_x * p.heads_q * p.work_z;
-
   if (role == 0) {
     // ---- producer ----
     setmaxnreg_dec<Tile::PRODUCER_REGS>();
-    for (int w = blockIdx.x; w < work_tiles; w += gridDim.x) {
-      if (!next_work(w)) continue;
-      const int tile_begin = fresh(work.tile_begin), tile_end = fresh(work.tile_end);
-      if (tile_begin >= tile_end) continue;
-      const int m0 = st.m0(), h = fresh(work.head), hk = h / (p.heads_q / p.heads_kv);
+    if (tile_begin < tile_end) {
+      const int hk = h / (p.heads_q / p.heads_kv);
       const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
                     (st.q_tok0() + m0) * p.q_seq_stride;
       const T* gk = static_cast<const T*>(p.k) + st.b() * p.k_batch_stride + st.k_tok0() * p.k_seq_stride +
                     hk * p.k_head_stride;
       const T* gv = static_cast<const T*>(p.v) + st.b() * p.v_batch_stride + st.k_tok0() * p.v_seq_stride +
                     hk * p.v_head_stride;
-      if (fresh(work.q_use) >= Q_STAGES) mbar_wait(q_empty(q_stage()), q_parity() ^ 1u);
-      load_tile<T, ROWS, DQK, 128, Tile::PRODUCER_UNROLL>(q_addr(q_stage()), gq, p.q_seq_stride, st.seq_q() - m0,
-                                                          p.dim_qk);
-      mbar_arrive_cp_async(q_full(q_stage()));
+      load_tile<T, ROWS, DQK, 128, Tile::PRODUCER_UNROLL>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
+      mbar_arrive_cp_async(q_full);
       for (int t = tile_begin; t < tile_end; ++t) {
         const int stage = stage_of(t), n0 = t * KEYS, rows_valid = st.seq_kv() - n0;
-        const bool refill = fresh(work.ring0) + t >= STAGES;
+        const bool refill = t - tile_begin >= STAGES;
         if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
-        load_tile<T, KEYS, DQK, 128, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride,
-                                                            rows_valid, p.dim_qk);
+        load_tile<T, KEYS, DQK, 128, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, rows_valid,
+                                                          p.dim_qk);
         mbar_arrive_cp_async(k_full(stage));
         if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
-        load_tile<T, KEYS, DV, 128, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride,
-                                                           rows_valid, p.dim_v);
+        load_tile<T, KEYS, DV, 128, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, rows_valid,
+                                                          p.dim_v);
         mbar_arrive_cp_async(v_full(stage));
       }
+      asm volatile("cp.async.wait_all;\n" ::: "memory");
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
-    return;
-  }
-
-  // ---- consumers ----
-  setmaxnreg_inc<Tile::CONSUMER_REGS>();
-  bool turned = false;  // ping-pong: this consumer has taken a turn (consumer 1 waits in all but its first)
-  for (int w = blockIdx.x; w < work_tiles; w += gridDim.x) {
-    if (!next_work(w)) continue;
-    const int tile_begin = fresh(work.tile_begin), tile_end = fresh(work.tile_end);
-    const int m0 = st.m0(), h = fresh(work.head);
+  } else {
+    // ---- consumers ----
+    setmaxnreg_inc<Tile::CONSUMER_REGS>();
+    const int lane = threadIdx.x & 31, warp_in_group = (threadIdx.x >> 5) & 3;
     const int group_row0 = m0 + (role - 1) * 64;
     const int my_row = group_row0 + warp_in_group * 16 + (lane >> 2);
     float o[O_REGS];
@@ -343,9 +269,6 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     auto release_v = [&](int t) {
       if (lane == 0) mbar_arrive(v_empty(stage_of(t)));
     };
-    auto release_q = [&] {
-      if (lane == 0) mbar_arrive(q_empty(q_stage()));
-    };
     auto pass = [&](int t) {  // a tile this warpgroup's rows do not see
       mbar_wait(k_full(stage_of(t)), parity_of(t));
       release_k(t);
@@ -354,33 +277,34 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     };
     // Ping-pong turns (see the top comment): turn t's wait before its wgmmas are issued, its
     // arrival after; nothing without PINGPONG.
-    auto turn_wait = [&] {
+    auto turn_wait = [&](int t) {
       if constexpr (Tile::PINGPONG) {
-        if (role == 2 || turned) named_bar_sync(Tile::PP_BAR0 + role - 1, 256);
-        turned = true;
+        if (role == 2 || t > tile_begin) named_bar_sync(Tile::PP_BAR0 + role - 1, 256);
       }
     };
-    auto turn_arrive = [&] {
-      if constexpr (Tile::PINGPONG) named_bar_arrive(Tile::PP_BAR0 + 2 - role, 256);
+    auto turn_arrive = [&](int t) {
+      if constexpr (Tile::PINGPONG) {
+        if (role == 1 || t < tile_end) named_bar_arrive(Tile::PP_BAR0 + 2 - role, 256);
+      }
     };
-    auto empty_turn = [&] {
-      turn_wait();
-      turn_arrive();
+    auto empty_turn = [&](int t) {
+      turn_wait(t);
+      turn_arrive(t);
     };
 
     for (int t = tile_begin; t < my_begin; ++t) {
       pass(t);
-      empty_turn();
+      empty_turn(t);
     }
     if (my_begin < my_end) {
-      const unsigned q_group = q_addr(q_stage()) + (role - 1) * 64 * 128;  // this warpgroup's rows of each half
-      mbar_wait(q_full(q_stage()), q_parity());
+      const unsigned q_group = q_addr + (role - 1) * 64 * 128;  // this warpgroup's rows of each half
+      mbar_wait(q_full, 0);
       float s[KEYS / 2], alpha[2];
       unsigned pa[KEYS / 16][4];
       wait_k(my_begin);
-      turn_wait();
+      turn_wait(my_begin);
       issue_qk<T, Tile>(s, q_group, k_addr(stage_of(my_begin)));
-      turn_arrive();
+      turn_arrive(my_begin);
       wgmma_wait<0>();
       fence_registers(s);
       release_k(my_begin);
@@ -389,13 +313,13 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       pack_p<T, KEYS>(s, pa);
       for (int t = my_begin + 1; t < my_end; ++t) {
         wait_k(t);
-        turn_wait();
+        turn_wait(t);
         issue_qk<T, Tile>(s, q_group, k_addr(stage_of(t)));
         fence_registers(s);
         wait_v(t - 1);
         issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
         fence_registers(o);
-        turn_arrive();
+        turn_arrive(t);
         wgmma_wait<1>();  // S(t) done; O's P V may still run
         fence_registers(s);
         release_k(t);
@@ -407,33 +331,22 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         rescale_o(o, alpha);
         pack_p<T, KEYS>(s, pa);
       }
-      release_q();  // every S of the work tile is done
       wait_v(my_end - 1);
-      turn_wait();
+      turn_wait(my_end);
       issue_pv<T, Tile>(o, pa, v_addr(stage_of(my_end - 1)));
-      turn_arrive();
+      turn_arrive(my_end);
       wgmma_wait<0>();
       fence_registers(o);
       release_v(my_end - 1);
-    } else if (tile_begin < tile_end) {
-      // No tile of its own: the head loop passed them all. Its Q use is released as it lands
-      // (waiting first keeps the arrival from counting towards the buffer's previous use), and
-      // turn tile_end is an empty one.
-      mbar_wait(q_full(q_stage()), q_parity());
-      release_q();
-      empty_turn();
+    } else if constexpr (Tile::PINGPONG) {
+      if (tile_begin < tile_end) empty_turn(my_end);  // turn tile_end: the head loop passed every tile
     }
     for (int t = my_end; t < tile_end; ++t) {  // (none when the head loop passed them all)
       pass(t);
-      empty_turn();
+      empty_turn(t + 1);
     }
 
     store_rows<T, DV>(p, st, h, o, row_max, row_sum, my_row, lane);
-  }
-  if constexpr (Tile::PINGPONG) {
-    // Consumer 2 arrived in its last turn too: consumer 1 takes that arrival, so that no turn
-    // barrier is left half-arrived.
-    if (role == 1 && turned) named_bar_sync(Tile::PP_BAR0, 256);
   }
 }
 
@@ -443,10 +356,8 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 // NAME: the warp-specialized kernel (K/V through strides), the flash_fwd_sm90 table's "ws"
 // variants; PINGPONG: with the consumers' ping-pong ("pingpong" variants, NAME ends _pp);
 // GENERAL: the per-element score path (masks, softcap, any scale; NAME has _general).
-#define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, Q_STAGES, PINGPONG, GENERAL)                          \
+#define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, PINGPONG, GENERAL)                                    \
   extern "C" __global__ void __launch_bounds__(                                                                    \
-      ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, Q_STAGES, PINGPONG>::type::THREADS, 1)                       \
-      NAME(const ptxattn::FlashFwdParams p) {                                                                      \
-    ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, Q_STAGES, PINGPONG>::type, \
-                                GENERAL>(p);                                                                       \
+      ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, PINGPONG>::type::THREADS, 1) NAME(const ptxattn::FlashFwdParams p) { \
+    ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, PINGPONG>::type, GENERAL>(p); \
   }

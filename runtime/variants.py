@@ -124,7 +124,6 @@ class Sm90Tile:
     ws: bool = False  # warp-specialized (cu/flash_fwd_sm90_ws.cuh): `groups` consumers and a producer
     stages: int = 2   # K/V stages in shared memory
     pingpong: bool = False  # ws kernels only: the consumers take turns on the tensor cores (named barriers)
-    q_stages: int = 1  # ws kernels: Q buffers (two: the producer loads the next work tile's Q early)
 
     @property
     def rows(self) -> int:
@@ -138,7 +137,7 @@ class Sm90Tile:
     def shared_bytes(self) -> int:
         # Q, the stages of K and V, and 1024 bytes to align the base for the swizzle; fp8
         # kernels add the staging area of the next tile's K and V bytes.
-        return (2 * (self.q_stages * self.dim * self.rows + self.stages * self.keys * (self.dim + self.dim_v)) + 1024 +
+        return (2 * (self.dim * self.rows + self.stages * self.keys * (self.dim + self.dim_v)) + 1024 +
                 (2 * self.keys * self.dim if self.fp8 else 0))
 
     def holds(self, dqk: int, dv: int) -> bool:
@@ -222,7 +221,7 @@ def _sm90_tiles(fp8: bool, ws: bool = False, pingpong: bool = False) -> list[Sm9
     """flash_fwd_sm90's tiles over fp8 K/V, or over K/V in q's dtype; warp-specialized ones
     (ws) apart, and among them the ping-pong ones."""
     return [_from_record(Sm90Tile, {"dim_v": v["dim"], "keys": 128, "fp8": False, "ws": False, "stages": 2,
-                                    "pingpong": False, "q_stages": 1, **v})
+                                    "pingpong": False, **v})
             for v in _variants("flash_fwd_sm90")
             if v.get("fp8", False) == fp8 and v.get("ws", False) == ws and v.get("pingpong", False) == pingpong]
 

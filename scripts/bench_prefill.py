@@ -106,7 +106,6 @@ SM90_COLUMNS = (
     ("plain", "sm90_plain", "sm90_ws_enabled", False),                             # PTXATTN_SM90_WS=0
     ("pp", "sm90_pingpong", "sm90_pingpong_dims", frozenset(d for d, _ in sm90_ws_pp_tiles())),  # PTXATTN_SM90_PINGPONG=1
     ("ws", "sm90_ws", "sm90_pingpong_dims", frozenset()),                          # PTXATTN_SM90_PINGPONG=0
-    ("tile_grid", "sm90_tile_grid", "sm90_persistent_enabled", False),             # PTXATTN_SM90_PERSISTENT=0
 )
 
 

@@ -129,12 +129,12 @@ def _flash_fwd_sm90(info):
         fp8 = v.get("fp8", False)
         dim_v, keys = v.get("dim_v", v["dim"]), v.get("keys", 128)  # Dv (default Dqk = dim), keys a K/V tile
         dims = f"d{v['dim']}" + (f"_{dim_v}" if dim_v != v["dim"] else "")
-        if v.get("ws", False):  # warp-specialized kernel: `groups` consumers, `stages` K/V stages, `q_stages` Q buffers
+        if v.get("ws", False):  # warp-specialized kernel: `groups` consumers, `stages` K/V stages
             pingpong = v.get("pingpong", False)  # the consumers take turns on the tensor cores
             for dtype in info["dtypes"]:
                 name = f"flash_fwd_sm90_{dtype}_{dims}{'_general' if v['general'] else ''}_ws{'_pp' if pingpong else ''}"
                 yield (f"FLASH_FWD_SM90_WS({name}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {keys}, {v['stages']}, "
-                       f"{v.get('q_stages', 1)}, {c_literal(pingpong)}, {c_literal(v['general'])})", [name])
+                       f"{c_literal(pingpong)}, {c_literal(v['general'])})", [name])
             continue
         for dtype in info["dtypes"]:
             name = f"flash_fwd_sm90_{dtype}_{dims}{'_general' if v['general'] else ''}{'_fp8' if fp8 else ''}"

@@ -390,35 +390,6 @@ def threads_launch_their_own_pointers() -> None:
     assert sum(len(p) for p in seen.values()) == 8 * 600
 
 
-def warp_specialized_kernels_walk_their_work_tiles() -> None:
-    """On the fake's H200 (132 SMs) a plain sdpa call's warp-specialized kernel gets the work
-    tiles (query blocks, Hq, B) in its parameters and a 1-d grid of one CTA an SM (fewer when
-    there are fewer tiles), or under PTXATTN_SM90_PERSISTENT=0 one CTA a tile; a ragged call
-    its tile budget the same way; the mma.sync and fp8 kernels keep their 3-d grids."""
-    from ptxattn.ops import attention
-
-    e = ptxattn.empty
-    for (b, hq, s, d), persistent in (((2, 8, 3000, 128), True), ((1, 2, 100, 64), True),
-                                      ((2, 8, 3000, 128), False)):
-        attention.sm90_persistent_enabled = lambda persistent=persistent: persistent
-        prepared.clear_bindings()
-        q, k, v = (e((b, hq, s, d), BF16) for _ in range(3))
-        (launch,) = ptxattn.prepare(ptxattn.sdpa, q, k, v, causal=True, stream=STREAM).launches
-        tiles = -(-s // 128) * hq * b
-        assert launch.name.startswith(f"flash_fwd_sm90_bf16_d{d}_ws"), launch.name
-        assert (launch.params.work_x, launch.params.work_z) == (-(-s // 128), b)
-        assert launch.grid == ((min(tiles, 132) if persistent else tiles), 1, 1), (launch.grid, tiles, persistent)
-    attention.sm90_persistent_enabled = lambda: True
-    prepared.clear_bindings()
-    arrays = _ragged_arrays()
-    (launch,) = ptxattn.prepare(ptxattn.ragged_attention, **arrays, causal=True, stream=STREAM).launches
-    assert launch.name.endswith("_ws_pp") and launch.grid == (min((-(-300 // 128) + 4) * 8, 132), 1, 1), launch.grid
-    assert (launch.params.work_x, launch.params.work_z) == (-(-300 // 128) + 4, 1)
-    q = e((2, 8, 100, 40), np.float32)
-    (launch,) = ptxattn.prepare(ptxattn.sdpa, q, q, q, stream=STREAM).launches
-    assert launch.name == "flash_fwd_f32" and launch.grid[1:] == (8, 2), (launch.name, launch.grid)
-
-
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print(f"{sys.argv[1]}: OK")

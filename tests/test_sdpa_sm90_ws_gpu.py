@@ -1,9 +1,8 @@
 """The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default at every head dim:
 the _ws_pp ping-pong twins at D64, the _ws kernels at the others, plain and _general) against
 the float64 reference and, bit for bit (same summation order), against the wgmma kernels they
-replaced (PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0), the _ws_pp
-kernels at every dim (PTXATTN_SM90_PINGPONG=1) and the default ones launched one CTA a work tile
-(PTXATTN_SM90_PERSISTENT=0) rather than one an SM: D64, D128, Dqk 192 / Dv 128, D256 and dims
+replaced (PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0) and the _ws_pp
+kernels at every dim (PTXATTN_SM90_PINGPONG=1): D64, D128, Dqk 192 / Dv 128, D256 and dims
 zero-padded into them, f16 / bf16, causal both alignments, windows, masks, softcap, scale <= 0,
 GQA, sinks, LSE, odd lengths, rows with no key, ragged batches. Both settings are read once a
 process, so a child process a setting (CHILDREN) runs every case (same seeded inputs) and this
@@ -40,9 +39,6 @@ CHILDREN = {
     "plain": (("PTXATTN_SM90_WS", "0"), ""),
     "ws": (("PTXATTN_SM90_PINGPONG", "0"), "_ws"),
     "pingpong": (("PTXATTN_SM90_PINGPONG", "1"), "_ws_pp"),
-    # The default kernels, one CTA a work tile instead of one an SM walking several (None: the
-    # default kernels' names).
-    "tile_grid": (("PTXATTN_SM90_PERSISTENT", "0"), None),
 }
 CHILD_TIMEOUT_S = 180  # a cold driver JIT cache costs a child ~35 s of the sm_90a PTX
 
@@ -86,13 +82,6 @@ CASES = [
     Case(F16, 1, 4, 2, 257, 900, 160, 128, mask="bhqk", mask_dtype=np.dtype(bool)),
     Case(BF16, 1, 4, 4, 1000, 1000, 256, 256, causal=True, softcap=30.0),
     Case(F16, 1, 2, 2, 300, 130, 256, 256, causal=True, scale=-0.05, mask="qk", mask_dtype=F16),
-    # More work tiles than the H200 has SMs: each CTA walks several, its ring and Q buffers
-    # carried from one to the next.
-    Case(BF16, 4, 16, 4, 1100, 1100, 64, 64, causal=True),
-    Case(F16, 3, 16, 16, 777, 900, 128, 128, sinks=True),
-    Case(BF16, 2, 16, 8, 600, 700, 256, 256, causal=True, align="bottom_right"),
-    Case(F16, 2, 16, 4, 1000, 1000, 128, 128, causal=True, softcap=20.0),
-    Case(BF16, 2, 12, 4, 900, 1000, 192, 128, window=(300, 50)),
 ]
 # (dtype, D, lengths of the queries, options): ragged batches (bottom-right per sequence).
 RAGGED = [
@@ -139,10 +128,9 @@ def seed():
     """The inputs' seed, once this process is known to run the default warp-specialized kernels."""
     if not attention.runs_wgmma(ptxattn.get_device(0)):
         pytest.skip("the device does not load the sm_90a PTX")
-    if (not attention.sm90_ws_enabled() or os.environ.get(attention.SM90_PINGPONG_ENV)
-            or not attention.sm90_persistent_enabled()):
-        pytest.skip("PTXATTN_SM90_WS=0, PTXATTN_SM90_PINGPONG or PTXATTN_SM90_PERSISTENT=0 is set: this process "
-                    "must run the default warp-specialized kernels")
+    if not attention.sm90_ws_enabled() or os.environ.get(attention.SM90_PINGPONG_ENV):
+        pytest.skip("PTXATTN_SM90_WS=0 or PTXATTN_SM90_PINGPONG is set: this process must run the default "
+                    "warp-specialized kernels")
     return int(os.environ.get("PTXATTN_SEED", secrets.randbits(32)))
 
 
@@ -218,10 +206,7 @@ def test_ws_ragged_matches_reference_and_child_bit_for_bit(child_results, i):
 if __name__ == "__main__":
     (variable, value), suffix = CHILDREN[sys.argv[3]]
     assert os.environ.get(variable) == value, f"the child {sys.argv[3]} wants {variable}={value}"
-    assert attention.sm90_persistent_enabled() == (sys.argv[3] != "tile_grid")
     for dtype, name in ((BF16, "bf16"), (F16, "f16")):
-        if suffix is None:
-            break
         for (dim, general), tile in sm90_ws_tiles().items():
             kernel = attention.plan_kernel(np.dtype(dtype), dim, tile.dim_v, general, True).kernel
             # The plain wgmma kernels' names are the ws ones' without the suffix; dims without

@@ -186,10 +186,9 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
     # a producer and two consumer warpgroups, 128 rows; Q + the K/V ring, aligned base.
     plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_bf16_d128_ws", 128, 384)
-    # Two Q buffers at D64 / D128: the producer loads the next work tile's Q early.
-    assert plan.shared == 2 * 128 * (2 * 128 + 2 * 2 * 128) + 1024 and plan.walks_tiles
+    assert plan.shared == 2 * 128 * (128 + 2 * 2 * 128) + 1024
     plan = attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True, pingpong=False)
-    assert (plan.kernel, plan.shared) == ("flash_fwd_sm90_f16_d64_ws", 2 * 64 * (2 * 128 + 2 * 3 * 128) + 1024)
+    assert (plan.kernel, plan.shared) == ("flash_fwd_sm90_f16_d64_ws", 2 * 64 * (128 + 2 * 3 * 128) + 1024)
     # General calls (masks, softcap, scale <= 0) have warp-specialized kernels of their own.
     plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_bf16_d128_general_ws", 128, 384)
@@ -245,8 +244,7 @@ def test_sm90_pingpong_dims_follow_the_setting(monkeypatch, value, dims):
 
 
 @pytest.mark.parametrize("variable, function", [(attention.SM90_PINGPONG_ENV, "sm90_pingpong_dims"),
-                                                (attention.SM90_WS_ENV, "sm90_ws_enabled"),
-                                                (attention.SM90_PERSISTENT_ENV, "sm90_persistent_enabled")])
+                                                (attention.SM90_WS_ENV, "sm90_ws_enabled")])
 def test_sm90_switch_settings_reject_other_values(monkeypatch, variable, function):
     monkeypatch.setenv(variable, "yes")
     getattr(attention, function).cache_clear()

@@ -223,7 +223,7 @@ def test_fp8_plans():
 
     sm90 = attention.plan_kernel(BF16, 128, 128, False, True, fp8=True)
     assert (sm90.kernel, sm90.rows, sm90.threads) == ("flash_fwd_sm90_bf16_d128_general_fp8", 128, 256)
-    assert sm90.shared == attention.plan_kernel(BF16, 128, 128, True, True, ws=False).shared + 2 * 128 * 128
+    assert sm90.shared == attention.plan_kernel(BF16, 128, 128, True, True).shared + 2 * 128 * 128
     assert attention.plan_kernel(np.dtype(np.float16), 64, 64, True, True, paged=True, fp8=True).kernel == \
         "flash_fwd_sm90_f16_d64_general_fp8"
     mma = attention.plan_kernel(np.dtype(np.float16), 64, 64, False, False, paged=True, fp8=True)

@@ -124,8 +124,7 @@ def test_sm90_ws_tiles():
         assert (tile.rows, tile.threads) == (128, 384)
         assert tile.keys == (64 if dim == 256 else 128)
         assert tile.stages == (3 if dim == 64 else 2)
-        assert tile.q_stages == (2 if dim <= 128 else 1)  # a second Q buffer where it fits
-        assert tile.shared_bytes == 2 * (tile.q_stages * dim * 128 + tile.stages * tile.keys * (dim + tile.dim_v)) + 1024
+        assert tile.shared_bytes == 2 * (dim * 128 + tile.stages * tile.keys * (dim + tile.dim_v)) + 1024
         assert tile.shared_bytes <= 227 * 1024 - 4096
         dims_name = f"d{dim}" + (f"_{tile.dim_v}" if tile.dim_v != dim else "")
         assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_{dims_name}{'_general' * general}_ws"

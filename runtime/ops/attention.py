@@ -63,7 +63,6 @@ class _FlashFwdParams(ParamStruct):
         ("kv_capacity", ctypes.c_int32), ("num_pages", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
         ("min_queries", ctypes.c_int32), ("kv_fp8", ctypes.c_int32),
         ("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float),
-        ("work_x", ctypes.c_int32), ("work_z", ctypes.c_int32),
     ]
 
 
@@ -169,18 +168,15 @@ def _pick_sm90_ws_tile(dqk: int, dv: int, general: bool):
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """The sdpa kernel for one call shape: its name, query rows a block, threads, shared bytes,
-    and whether it walks its work tiles from a 1-d grid (the warp-specialized kernels)."""
+    """The sdpa kernel for one call shape: its name, query rows a block, threads, shared bytes."""
     kernel: str
     rows: int
     threads: int
     shared: int
-    walks_tiles: bool = False
 
 
 SM90_WS_ENV = "PTXATTN_SM90_WS"
 SM90_PINGPONG_ENV = "PTXATTN_SM90_PINGPONG"
-SM90_PERSISTENT_ENV = "PTXATTN_SM90_PERSISTENT"
 # Head dims whose warp-specialized calls take the ping-pong twins unless PTXATTN_SM90_PINGPONG
 # says otherwise: D64 gained 18 % on the H200, D128 moved within run-to-run noise
 # (cu/flash_fwd_notes.md v5, v6).
@@ -202,15 +198,6 @@ def sm90_ws_enabled() -> bool:
     PTXATTN_SM90_WS=0 (read once a process) picks the plain wgmma kernels they replaced, which
     give the same bits (for comparison: scripts/bench.py --suite prefill --sm90-plain)."""
     return _switch_setting(SM90_WS_ENV) is not False
-
-
-@functools.cache
-def sm90_persistent_enabled() -> bool:
-    """The warp-specialized kernels run one CTA an SM, each walking work tiles in turn (its
-    producer loads the next tile's Q and K/V while the consumers finish the last), unless
-    PTXATTN_SM90_PERSISTENT=0 (read once a process) launches one CTA a work tile (same bits;
-    for comparison: scripts/bench.py --suite prefill --sm90-tile-grid)."""
-    return _switch_setting(SM90_PERSISTENT_ENV) is not False
 
 
 @functools.cache
@@ -252,7 +239,7 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
     if ws_tile is not None and (sm90_ws_enabled() if ws is None else ws):
         pp = ws_tile.dim in sm90_pingpong_dims() if pingpong is None else pingpong
         tile = sm90_ws_pp_tiles().get((ws_tile.dim, general), ws_tile) if pp else ws_tile
-        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes, True)
+        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
     tile = _pick_sm90_tile(dqk, dv, general) if wgmma else None
     if tile is not None:
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes)
@@ -319,7 +306,7 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
                           lse_strides, c.left, c.right, c.scale, c.softcap, vector_io, heads=(hq, hkv),
                           dims=(dqk, dv), seq_q=sq, seq_kv=skv, mask_kind=mask_kind, mask_strides=mask_strides,
                           diag_offset=c.diag_offset)
-    launch = launch_tiles(binding, plan, params, -(-sq // plan.rows), hq, batch)
+    launch = binding.launch(plan.kernel, (-(-sq // plan.rows), hq, batch), (plan.threads, 1, 1), params, plan.shared)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
                         ("attn_mask", "mask"), ("sinks", "sinks")):
         if a[name] is not None or name == "out" or (name == "out_lse" and c.with_lse):
@@ -367,21 +354,9 @@ def flash_params(q_strides, k_strides, v_strides, o_strides, lse_strides, left: 
         *fp8.k_scale_strides, *fp8.v_scale_strides,
         *heads, seq_q, seq_kv, *dims, mask_kind, diag_offset, left, right, scale, softcap, int(vector_io),
         # A bounded right edge means later query blocks see more keys: start them first.
-        int(right < UNBOUNDED_WINDOW), *serving, fp8.kind, fp8.k_scale, fp8.v_scale, 0, 0,
+        int(right < UNBOUNDED_WINDOW), *serving, fp8.kind, fp8.k_scale, fp8.v_scale,
     )
     return params
-
-
-def launch_tiles(binding, plan: KernelPlan, params: _FlashFwdParams, work_x: int, heads: int, work_z: int):
-    """Binds the sdpa kernel over its work tiles (work_x query tiles, `heads`, work_z batches):
-    grid (work_x, heads, work_z), or for the warp-specialized kernels, which walk the tiles
-    themselves, a 1-d grid: one CTA an SM (sm90_persistent_enabled()) or one a tile."""
-    params.work_x, params.work_z = work_x, work_z
-    grid = (work_x, heads, work_z)
-    if plan.walks_tiles:
-        tiles = work_x * heads * work_z
-        grid = (min(tiles, binding.device.sm_count) if sm90_persistent_enabled() else tiles, 1, 1)
-    return binding.launch(plan.kernel, grid, (plan.threads, 1, 1), params, plan.shared)
 
 _SDPA = Op("sdpa", ("q", "k", "v", "attn_mask", "sinks", "out", "out_lse"),
            ("causal", "causal_align", "window", "scale", "softcap", "return_lse"),

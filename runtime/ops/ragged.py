@@ -33,8 +33,8 @@ from ..faults import fault_buffer
 from ..memory import WorkspaceLayout
 from ..module import ParamStruct
 from ..variants import sdpa_fp8_variants
-from .attention import (KvFp8, Serving, check_gqa_heads, check_head_dims, contiguous, flash_params, launch_tiles,
-                        plan_kernel, runs_wgmma, vector_io_ok)
+from .attention import (KvFp8, Serving, check_gqa_heads, check_head_dims, contiguous, flash_params, plan_kernel,
+                        runs_wgmma, vector_io_ok)
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_host_values,
                      check_index_array, check_nonnegative_strides, check_output, check_rank, check_row_bytes,
                      check_same_dtype, check_sinks, check_unit_last_stride, check_workspace_size,
@@ -300,7 +300,8 @@ def _bind_tiles(binding, a: dict, c: _Checked, kv, kv_strides, hkv: int, dv: int
                           heads=(hq, hkv), dims=(dqk, dv), block_table_stride=block_table_stride, serving=serving,
                           fp8=fp8)
     params.fault = fault_buffer(binding.device)
-    launch = launch_tiles(binding, plan, params, -(-nq // plan.rows) + c.batch, hq, 1)
+    launch = binding.launch(plan.kernel, (-(-nq // plan.rows) + c.batch, hq, 1), (plan.threads, 1, 1), params,
+                            plan.shared)
     for name, field in (*names, ("k_scale", "k_scales"), ("v_scale", "v_scales")):
         if a[name] is not None or name == "out" or (name == "out_lse" and c.with_lse):
             binding.point(name, launch, field)
