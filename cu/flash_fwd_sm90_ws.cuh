@@ -9,7 +9,7 @@
 //
 // A CTA is three warpgroups: warpgroup 0 the producer, 1 and 2 consumers of 64 query rows
 // each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer (40)
-// to the consumers (232): 128 * 40 + 256 * 232 = 64512 of the SM's 65536.
+// to the consumers (232): 128 * 40 + 256 * 232 = 64512, the CTA's 384 threads at 168.
 //
 // Producer (128 threads): cp.async of the block's Q tile, then for each key tile t of the
 // block's range [tile_begin, tile_end), i = t - tile_begin, into ring stage s = i % STAGES
@@ -98,7 +98,11 @@ struct WsTile {
   static_assert(KEYS == 64 || KEYS == 128, "S is m64n64 or m64n128");
   static_assert(STAGES >= 2, "the consumers hold two stages at once");
   static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
-  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "the SM's registers");
+  // setmaxnreg only moves registers within those the CTA was launched with (its threads at the
+  // launch-bounds cap, 65536 / THREADS rounded down to 8): asking for more hangs setmaxnreg.inc
+  // (48 / 232, within the SM's 65536 but over the CTA's 64512, hung on the H200).
+  static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
+                "the CTA's registers");
   static constexpr bool PINGPONG = false;
 };
 
