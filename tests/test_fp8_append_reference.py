@@ -106,5 +106,7 @@ def test_paged_kv_append_fp8_puts_scales_beside_their_rows(rng, layout):
                                    ref.gather_pages(scales[..., None], [[1, 3]], 8, lay)[..., 0])
         for token, position in ((0, 1), (2, 6)):  # slot 5 = page 1 offset 1, slot 14 = page 3 offset 2
             x = new[token].astype(np.float64)
-            assert (np.abs(cache[0, :, position] - x) <= np.abs(x).max(axis=-1, keepdims=True) / 28).all()
+            # Half e4m3's top step (16 of 448) of the row's amax, and float32's rounding of the scale.
+            bound = np.abs(x).max(axis=-1, keepdims=True) / 28 * (1 + 1e-6)
+            assert (np.abs(cache[0, :, position] - x) <= bound).all()
         assert np.count_nonzero(~np.isnan(scales)) == 2 * hkv  # the -1 and the out-of-pool slot wrote nothing
