@@ -174,6 +174,11 @@ template <> struct Operand<float> { static constexpr int kTerms = 3; };
 template <class T> struct MmaType { using type = T; };
 template <> struct MmaType<float> { using type = __nv_bfloat16; };
 
+// Whether T's softcap takes the accurate tanh (apply_softcap<true>): f32 queries and caches are
+// held to 1e-5, which tanh.approx's ~2^-11 misses; 16-bit ones take tanh.approx.
+template <class T> constexpr bool kExactSoftcap = false;
+template <> constexpr bool kExactSoftcap<float> = true;
+
 // The queries' type in the mma: q's own, or f16 against an fp8 cache (q_tile_for_fp8).
 template <class T, class KV> struct QueryType { using type = T; };
 template <class T> struct QueryType<T, fp8_e4m3> { using type = __half; };
@@ -641,7 +646,7 @@ __device__ __forceinline__ void rescale_o(WarpState<D_TILE>& st, const float (&f
 // The online softmax over one block's scores s (raw q.k of KT m-tiles of keys): scale (column c
 // of the lane by col_scale[c]) and cap to base-2 logits, mask, update the running max and
 // sum. s becomes P; corrections[c] is what the old P's of column c were multiplied by.
-// EXACT_SOFTCAP: f32 operands, whose softcap takes the accurate tanh (attention_common.cuh).
+// EXACT_SOFTCAP: the accurate tanh for softcap (kExactSoftcap; attention_common.cuh).
 template <int KT, int D_TILE, bool EXACT_SOFTCAP>
 __device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[KT][4], int key0,
                                               const ColumnKeys& keys, const Lane& ln, WarpState<D_TILE>& st,
@@ -701,7 +706,7 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const FragB<
 
   const float col_scale[2] = {p.scale, p.scale};
   float corrections[2];
-  softmax_block<1, D_TILE, /*EXACT_SOFTCAP=*/(Operand<T>::kTerms > 1)>(p, s, key0, keys, ln, st, col_scale, corrections);
+  softmax_block<1, D_TILE, kExactSoftcap<T>>(p, s, key0, keys, ln, st, col_scale, corrections);
   rescale_o(st, corrections);
 
   const FragB<T> pb = probs_as_b<T>(s[0]);
