@@ -128,22 +128,22 @@ def _flash_fwd_sm90(info):
     for v in info["variants"]:
         fp8 = v.get("fp8", False)
         dim_v, keys = v.get("dim_v", v["dim"]), v.get("keys", 128)  # Dv (default Dqk = dim), keys a K/V tile
-        dims = f"d{v['dim']}" + (f"_{dim_v}" if dim_v != v["dim"] else "")
-        if v.get("ws", False):  # warp-specialized kernel: `groups` consumers, `stages` K/V stages
-            pingpong = v.get("pingpong", False)  # the consumers take turns on the tensor cores
-            for dtype in info["dtypes"]:
-                name = f"flash_fwd_sm90_{dtype}_{dims}{'_general' if v['general'] else ''}_ws{'_pp' if pingpong else ''}"
+        # Every kernel's name starts flash_fwd_sm90_<dtype>_d<dim>[_<dim_v>][_general].
+        kind = f"d{v['dim']}" + (f"_{dim_v}" if dim_v != v["dim"] else "") + ("_general" if v["general"] else "")
+        for dtype in info["dtypes"]:
+            stem = f"flash_fwd_sm90_{dtype}_{kind}"
+            if v.get("ws", False):  # warp-specialized kernel: `groups` consumers, `stages` K/V stages
+                pingpong = v.get("pingpong", False)  # the consumers take turns on the tensor cores
+                name = f"{stem}_ws{'_pp' if pingpong else ''}"
                 yield (f"FLASH_FWD_SM90_WS({name}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {keys}, {v['stages']}, "
                        f"{c_literal(pingpong)}, {c_literal(v['general'])})", [name])
-            continue
-        for dtype in info["dtypes"]:
-            name = f"flash_fwd_sm90_{dtype}_{dims}{'_general' if v['general'] else ''}{'_fp8' if fp8 else ''}"
-            if fp8:
+            elif fp8:
+                name = f"{stem}_fp8"
                 yield f"FLASH_FWD_SM90_FP8({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, " \
                       f"{c_literal(v['general'])})", [name]
             else:
-                yield (f"FLASH_FWD_SM90({name}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {v['groups']}, {keys}, "
-                       f"{c_literal(v['general'])})", [name, f"{name}_paged"])
+                yield (f"FLASH_FWD_SM90({stem}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {v['groups']}, {keys}, "
+                       f"{c_literal(v['general'])})", [stem, f"{stem}_paged"])
 
 
 def _decode(info):
