@@ -155,9 +155,10 @@ def test_torch_round_trip_bf16(dev, rng):
 
 
 def test_graph_capture_replay_update(dev):
-    cell = ptxattn.zeros((1,), np.int32, dev)
     with on_device(dev):
         s = ptxattn.Stream.create()
+        # Zeroed on s: s is non-blocking, so a memset on the legacy stream would race the reads.
+        cell = ptxattn.zeros((1,), np.int32, dev, stream=s)
         params = ProbeParams(cell.ptr, 21)
         kernel = probe_kernel(dev)
         with ptxattn.capture(s, dev) as g:
