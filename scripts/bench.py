@@ -2,6 +2,8 @@
 """ptxattn benchmarks, run on the GPU machine: prints a table per suite, writes JSON and a
 PNG chart. Every suite runs on ptxattn alone (NumPy inputs, ptxattn's events, the driver's
 copy as the bandwidth line); PyTorch's columns are added when torch with CUDA is importable.
+The prefill and decode suites also print each row as it finishes ("row: ..."), so a run cut
+short by a timeout keeps what it measured.
 
     python scripts/bench.py                       # every suite
     python scripts/bench.py --suite prefill decode --out /tmp/bench

@@ -177,6 +177,14 @@ def copy_bandwidth_tbs(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (ms * 1e-3) / 1e12
 
 
+def finished_row(rows: list[dict], row: dict) -> None:
+    """Appends a finished row and prints it at once (flushed), so that a run cut short (a
+    timeout) still shows the rows it finished; the suite's table comes at the end."""
+    rows.append(row)
+    cells = (f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items() if k != "chart")
+    print("row: " + " ".join(cells), flush=True)
+
+
 def random_host(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> np.ndarray:
     """Standard-normal values times `scale`, in `dtype` (never zeros)."""
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(dtype)

@@ -24,8 +24,8 @@ import numpy as np
 import ptxattn
 from ptxattn import reference
 
-from bench_common import (copy_bandwidth_tbs, random_host, relative_error, rotation_count, stream, time_ms,
-                          torch_cuda, torch_sdpa_backends, try_time, upload)
+from bench_common import (copy_bandwidth_tbs, finished_row, random_host, relative_error, rotation_count, stream,
+                          time_ms, torch_cuda, torch_sdpa_backends, try_time, upload)
 
 BF16 = ptxattn.bfloat16
 HQ, HKV, D = 32, 8, 128
@@ -148,7 +148,7 @@ def run(args) -> list[dict]:
         for page_size in PAGE_SIZES:
             row[f"paged{page_size}_vs_contiguous"] = tbs[f"paged{page_size}"] / tbs["ptxattn"]
         row["chart"] = {"unit": "TB/s", "series": {**tbs, "copy": copy_tbs}}
-        rows.append(row)
+        finished_row(rows, row)
         del host_sets, sets
         if torch is not None:
             torch.cuda.empty_cache()

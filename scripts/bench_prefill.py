@@ -29,7 +29,7 @@ import ptxattn
 from ptxattn import reference
 from ptxattn.variants import sm90_ws_pp_tiles
 
-from bench_common import (host_ms, random_host, relative_error, rotation_count, stream, torch_cuda,
+from bench_common import (finished_row, host_ms, random_host, relative_error, rotation_count, stream, torch_cuda,
                           torch_sdpa_backends, try_time, upload)
 
 BF16 = ptxattn.bfloat16
@@ -171,7 +171,7 @@ def run(args) -> list[dict]:
                 if tflops.get(ours_name) and tflops[name]:
                     row[f"ratio{ours_name[7:]}_vs_{name}"] = tflops[ours_name] / tflops[name]
         row["chart"] = {"unit": "TFLOP/s", "series": tflops}
-        rows.append(row)
+        finished_row(rows, row)
         del sets, out, mask
         if torch is not None:
             torch.cuda.empty_cache()
