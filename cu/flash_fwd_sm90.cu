@@ -30,24 +30,32 @@
 namespace ptxattn {
 namespace sm90 {
 
-// One variant: head dims DQK (Q and K, a multiple of 64) and DV (V and O: 64, 128 or 256),
-// GROUPS warpgroups of 64 query rows, KEYS keys a K/V tile (wgmma N of S: 128, or 64 where
-// two 128-key stages do not fit beside Q). Calls with smaller head dims run the smallest
-// variant that holds them, their columns zero-padded in shared memory (dim_qk / dim_v).
-// Shared memory holds Q, then two stages of (K, V); its base is rounded up to 1024 bytes.
-template <int DQK_, int DV_, int GROUPS_, int KEYS_>
-struct Sm90Tile {
-  static constexpr int DQK = DQK_, DV = DV_, GROUPS = GROUPS_, KEYS = KEYS_;
-  static constexpr int THREADS = 128 * GROUPS;
-  static constexpr int ROWS = 64 * GROUPS;       // query rows a CTA
+// The shared-memory tiles of a kernel whose CTA holds ROWS query rows of head dim DQK (Q and
+// K, a multiple of 64) and DV (V and O: 64, 128 or 256), KEYS keys a K/V tile (wgmma N of S),
+// each tile [rows][D] stored as D / 64 swizzled [rows][64] halves. Sm90Tile and WsTile add
+// their threads and stages.
+template <int DQK_, int DV_, int ROWS_, int KEYS_>
+struct TileGeometry {
+  static constexpr int DQK = DQK_, DV = DV_, ROWS = ROWS_, KEYS = KEYS_;
   static constexpr int Q_HALF = ROWS * 128;      // one [ROWS][64] half of the Q tile, bytes
   static constexpr int KV_HALF = KEYS * 128;     // one [KEYS][64] half of a K or V tile
   static constexpr int Q_BYTES = Q_HALF * (DQK / 64);
   static constexpr int K_BYTES = KV_HALF * (DQK / 64), V_BYTES = KV_HALF * (DV / 64);
-  static constexpr int SHARED = Q_BYTES + 2 * (K_BYTES + V_BYTES) + 1024;
-  static constexpr int FP8_STAGING = 2 * KEYS * DQK;  // fp8 kernels: the next tile's K and V bytes, after the rest
   static_assert(DQK % 64 == 0 && DQK <= 256 && (DV == 64 || DV == 128 || DV == 256), "head dims");
   static_assert(KEYS == 64 || KEYS == 128, "S is m64n64 or m64n128");
+};
+
+// One variant: GROUPS warpgroups of 64 query rows, KEYS keys a K/V tile (128, or 64 where
+// two 128-key stages do not fit beside Q). Calls with smaller head dims run the smallest
+// variant that holds them, their columns zero-padded in shared memory (dim_qk / dim_v).
+// Shared memory holds Q, then two stages of (K, V); its base is rounded up to 1024 bytes.
+template <int DQK_, int DV_, int GROUPS_, int KEYS_>
+struct Sm90Tile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
+  using Geometry = TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_>;
+  static constexpr int GROUPS = GROUPS_;
+  static constexpr int THREADS = 128 * GROUPS;
+  static constexpr int SHARED = Geometry::Q_BYTES + 2 * (Geometry::K_BYTES + Geometry::V_BYTES) + 1024;
+  static constexpr int FP8_STAGING = 2 * KEYS_ * DQK_;  // fp8 kernels: the next tile's K and V bytes, after the rest
   static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
 };
 

@@ -79,23 +79,17 @@ namespace ptxattn {
 namespace sm90 {
 
 // One warp-specialized variant: head dims DQK (Q, K) and DV (V, O), KEYS keys a K/V tile,
-// STAGES K/V stages in the ring. Shared memory holds Q (128 rows), then STAGES stages of
-// (K, V); base rounded up to 1024.
+// STAGES K/V stages in the ring, two consumers of 64 query rows. Shared memory holds Q (128
+// rows), then STAGES stages of (K, V); base rounded up to 1024.
 template <int DQK_, int DV_, int KEYS_, int STAGES_>
-struct WsTile {
-  static constexpr int DQK = DQK_, DV = DV_, KEYS = KEYS_, STAGES = STAGES_;
-  static constexpr int CONSUMERS = 2;
+struct WsTile : TileGeometry<DQK_, DV_, 128, KEYS_> {
+  using Geometry = TileGeometry<DQK_, DV_, 128, KEYS_>;
+  static constexpr int STAGES = STAGES_;
+  static constexpr int CONSUMERS = Geometry::ROWS / 64;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
-  static constexpr int ROWS = 64 * CONSUMERS;  // query rows a CTA
-  static constexpr int Q_HALF = ROWS * 128;
-  static constexpr int KV_HALF = KEYS * 128;
-  static constexpr int Q_BYTES = Q_HALF * (DQK / 64);
-  static constexpr int K_BYTES = KV_HALF * (DQK / 64), V_BYTES = KV_HALF * (DV / 64);
-  static constexpr int SHARED = Q_BYTES + STAGES * (K_BYTES + V_BYTES) + 1024;
+  static constexpr int SHARED = Geometry::Q_BYTES + STAGES * (Geometry::K_BYTES + Geometry::V_BYTES) + 1024;
   static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
   static constexpr int PRODUCER_UNROLL = 4;  // copies a producer thread's loop issues unrolled
-  static_assert(DQK % 64 == 0 && DQK <= 256 && (DV == 64 || DV == 128 || DV == 256), "head dims");
-  static_assert(KEYS == 64 || KEYS == 128, "S is m64n64 or m64n128");
   static_assert(STAGES >= 2, "the consumers hold two stages at once");
   static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
   // setmaxnreg only moves registers within those the CTA was launched with (its threads at the
