@@ -25,7 +25,7 @@ import pytest
 import ptxattn
 from ptxattn import reference
 from ptxattn.ops import attention
-from ptxattn.variants import sm90_ws_pp_tiles, sm90_ws_tiles
+from ptxattn.variants import sm90_tiles, sm90_ws_pp_tiles, sm90_ws_tiles
 
 from serving_util import check_rows, covered_rows, ragged_batch
 from test_sdpa_gpu import BF16, F16, Case, _check, _run_device
@@ -33,13 +33,21 @@ from test_serving_gpu import run_ragged
 
 pytestmark = pytest.mark.gpu
 
-# A child process a setting: (environment variable, value), and the suffix of the plain sm_90a
-# kernels it makes calls run ("": the plain wgmma ones).
+# A child process a setting: (environment variable, value); child_kernel says what it runs.
 CHILDREN = {
-    "plain": (("PTXATTN_SM90_WS", "0"), ""),
-    "ws": (("PTXATTN_SM90_PINGPONG", "0"), "_ws"),
-    "pingpong": (("PTXATTN_SM90_PINGPONG", "1"), "_ws_pp"),
+    "plain": ("PTXATTN_SM90_WS", "0"),
+    "ws": ("PTXATTN_SM90_PINGPONG", "0"),
+    "pingpong": ("PTXATTN_SM90_PINGPONG", "1"),
 }
+
+
+def child_kernel(child: str, ws_tile, dtype: str) -> str:
+    """The kernel calls of a ws tile's dims run in `child`: the plain wgmma kernel of those dims,
+    the ws kernel, or its ping-pong twin (the ws kernel where the dims have none)."""
+    if child == "plain":
+        return sm90_tiles()[ws_tile.dim, ws_tile.dim_v, ws_tile.general].kernel(dtype)
+    twin = sm90_ws_pp_tiles().get((ws_tile.dim, ws_tile.general)) if child == "pingpong" else None
+    return (twin or ws_tile).kernel(dtype)
 CHILD_TIMEOUT_S = 180  # a cold driver JIT cache costs a child ~35 s of the sm_90a PTX
 
 CASES = [
@@ -138,7 +146,7 @@ def seed():
 def child_results(request, seed, tmp_path_factory):
     """The seed, the child's name and its outputs of every case under CHILDREN[name]'s setting."""
     name = request.param
-    (variable, value), _ = CHILDREN[name]
+    variable, value = CHILDREN[name]
     out = tmp_path_factory.mktemp(name) / f"{name}.npz"
     try:
         child = subprocess.run([sys.executable, str(Path(__file__)), str(seed), str(out), name],
@@ -204,14 +212,11 @@ def test_ws_ragged_matches_reference_and_child_bit_for_bit(child_results, i):
 
 
 if __name__ == "__main__":
-    (variable, value), suffix = CHILDREN[sys.argv[3]]
+    variable, value = CHILDREN[sys.argv[3]]
     assert os.environ.get(variable) == value, f"the child {sys.argv[3]} wants {variable}={value}"
     for dtype, name in ((BF16, "bf16"), (F16, "f16")):
         for (dim, general), tile in sm90_ws_tiles().items():
             kernel = attention.plan_kernel(np.dtype(dtype), dim, tile.dim_v, general, True).kernel
-            # The plain wgmma kernels' names are the ws ones' without the suffix; dims without
-            # ping-pong twins run the ws kernel in the ping-pong child.
-            want = tile.kernel(name).removesuffix("_ws") + (
-                "_ws" if suffix == "_ws_pp" and (dim, general) not in sm90_ws_pp_tiles() else suffix)
+            want = child_kernel(sys.argv[3], tile, name)
             assert kernel == want, f"{sys.argv[3]}: calls run {kernel}, not {want}"
     np.savez(sys.argv[2], **_run_all(int(sys.argv[1])))
