@@ -2,9 +2,10 @@
 //
 // Serves the calls flash_fwd.cu's mma.sync kernels serve (plain kernels: no mask, no
 // softcap, scale > 0; general kernels: the rest; causal/window, sinks, GQA, LSE, serving
-// batches all apply) at every head dim up to 256 when the host vouched for 16-byte alignment
-// (vector_io) and its head dims are multiples of 8: variants of Dqk / Dv 64, 128, 192 / 128
-// and 256, a call running the smallest that holds its dims with the rest zero-padded. Its
+// batches all apply) at every head dim up to 256: variants of Dqk / Dv 64, 128, 192 / 128 and
+// 256, a call running the smallest that holds its dims with the rest zero-padded. Copies are
+// 16-byte cp.async where the host vouched for alignment and dims that are multiples of 8
+// (vector_io), else element by element (strided K/V only: load_tile_scalar). Its
 // _fp8 kernels serve fp8 K/V (Dqk = Dv = 64 or 128), as flash_fwd_fp8.cu's do. Same
 // parameters and semantics; its query blocks are 64 * GROUPS rows (grid x), and the
 // summation order differs from mma.sync's.
