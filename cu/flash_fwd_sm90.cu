@@ -2,9 +2,10 @@
 //
 // Serves the calls flash_fwd.cu's mma.sync kernels serve (plain kernels: no mask, no
 // softcap, scale > 0; general kernels: the rest; causal/window, sinks, GQA, LSE, serving
-// batches all apply) at every head dim up to 256 when the host vouched for 16-byte alignment
-// (vector_io) and its head dims are multiples of 8: variants of Dqk / Dv 64, 128, 192 / 128
-// and 256, a call running the smallest that holds its dims with the rest zero-padded. Its
+// batches all apply) at every head dim up to 256: variants of Dqk / Dv 64, 128, 192 / 128 and
+// 256, a call running the smallest that holds its dims with the rest zero-padded. Copies are
+// 16-byte cp.async where the host vouched for alignment and dims that are multiples of 8
+// (vector_io), else element by element (strided K/V only: load_tile_scalar). Its
 // _fp8 kernels serve fp8 K/V (Dqk = Dv = 64 or 128), as flash_fwd_fp8.cu's do. Same
 // parameters and semantics; its query blocks are 64 * GROUPS rows (grid x), and the
 // summation order differs from mma.sync's.
@@ -213,6 +214,45 @@ __device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long ro
   }
 }
 
+// load_tile for a call the host could not vouch for (vector_io 0: a base or row stride off 16
+// bytes, or a head dim not a multiple of 8): the same layout and zeros, each element read on
+// its own (2-byte loads) and each chunk stored synchronously, so the cp.async waits before a
+// tile is read find nothing of it in flight. Only the plain (not warp-specialized) kernels
+// take such calls.
+template <class T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile_scalar(unsigned dst, const T* g, long long row_stride, int rows_valid,
+                                                 int cols) {
+  static_assert(sizeof(T) == 2, "16-bit elements");
+  const unsigned short* src = reinterpret_cast<const unsigned short*>(g);
+  constexpr int kChunks = D / 8;
+#pragma unroll 1
+  for (int i = threadIdx.x; i < ROWS * kChunks; i += THREADS) {
+    const int r = i / kChunks, c = i % kChunks;
+    unsigned pair[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int col = 8 * c + 2 * e;
+      const bool row_ok = r < rows_valid;
+      const unsigned lo = row_ok && col < cols ? src[r * row_stride + col] : 0u;
+      const unsigned hi = row_ok && col + 1 < cols ? src[r * row_stride + col + 1] : 0u;
+      pair[e] = lo | hi << 16;
+    }
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst + sw128_offset<ROWS>(r, c)), "r"(pair[0]),
+                 "r"(pair[1]), "r"(pair[2]), "r"(pair[3])
+                 : "memory");
+  }
+}
+
+// The tile copy a call's alignment allows (p.vector_io): load_tile or load_tile_scalar.
+template <class T, int ROWS, int D, int THREADS>
+__device__ __forceinline__ void load_tile_checked(const FlashFwdParams& p, unsigned dst, const T* g,
+                                                  long long row_stride, int rows_valid, int cols) {
+  if (p.vector_io)
+    load_tile<T, ROWS, D, THREADS>(dst, g, row_stride, rows_valid, cols);
+  else
+    load_tile_scalar<T, ROWS, D, THREADS>(dst, g, row_stride, rows_valid, cols);
+}
+
 // Paged pools: the page ids of one ROWS-key tile (one per page it spans) are copied into
 // shared memory a tile ahead, with the K/V copies of the tile before, so that no copy waits
 // for a block-table read (reading each row's id from the table as its copy is issued ran
@@ -416,9 +456,10 @@ __device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa
 }
 
 // Finish: quad-reduce the row sums (fixed xor order), normalise, store this thread's rows
-// my_row and my_row + 8 of head h (their first dim_v columns, a multiple of 8: D may be
-// padded) and their LSE.
-template <class T, int D>
+// my_row and my_row + 8 of head h (their first dim_v columns: D may be padded) and their LSE.
+// A pair of columns is one 4-byte store, or with ANY_ALIGNMENT where p.vector_io is 0 (an
+// output off 16 bytes, or dim_v not a multiple of 8) two 2-byte ones.
+template <class T, int D, bool ANY_ALIGNMENT = false>
 __device__ __forceinline__ void store_rows(const FlashFwdParams& p, const TileRef& st, int h, const float (&o)[D / 2],
                                            const float (&row_max)[2], const float (&row_sum)[2], int my_row, int lane) {
   const int seq_q = st.seq_q(), b = st.b();
@@ -436,7 +477,15 @@ __device__ __forceinline__ void store_rows(const FlashFwdParams& p, const TileRe
     for (int j = 0; j < D / 8; ++j) {
       const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
       const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
-      if (j * 8 < p.dim_v) *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
+      if (ANY_ALIGNMENT && !p.vector_io) {
+        const int col = j * 8 + 2 * (lane & 3);
+        const unsigned pair = pack2<T>(lo, hi);
+        unsigned short* go16 = reinterpret_cast<unsigned short*>(go);
+        if (col < p.dim_v) go16[col] = static_cast<unsigned short>(pair);
+        if (col + 1 < p.dim_v) go16[col + 1] = static_cast<unsigned short>(pair >> 16);
+      } else if (j * 8 < p.dim_v) {
+        *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
+      }
     }
     if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
   }
@@ -512,8 +561,10 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       if (tile + 1 < tile_end) fetch_page_ids<KEYS>(page_ids[(tile + 1) & 1], p, b, n0 + KEYS, seq_kv);
       return;
     }
-    load_tile<T, KEYS, DQK, THREADS>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, seq_kv - n0, p.dim_qk);
-    load_tile<T, KEYS, DV, THREADS>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, seq_kv - n0, p.dim_v);
+    load_tile_checked<T, KEYS, DQK, THREADS>(p, k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, seq_kv - n0,
+                                             p.dim_qk);
+    load_tile_checked<T, KEYS, DV, THREADS>(p, v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, seq_kv - n0,
+                                            p.dim_v);
   };
 
   // This thread's rows: my_row and my_row + 8 (accumulator registers 4j + {0,1} / {2,3}).
@@ -526,6 +577,9 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   // The exponent's multiplier: scores are raw dot products in plain kernels, base-2 logits
   // in general ones.
   const float mul = GENERAL ? 1.f : p.scale * kLog2e;
+  // Strided K/V of 16-bit inputs: any alignment (vector_io may be 0). Paged pools and fp8
+  // calls are aligned (the host sends others to mma.sync), which spares their registers.
+  constexpr bool ANY_ALIGNMENT = !PAGED && !FP8;
 
   if (tile_begin < tile_end) {
     const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
@@ -536,7 +590,10 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       cp_async_wait<0>();
       __syncthreads();
     }
-    load_tile<T, ROWS, DQK, THREADS>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
+    if constexpr (ANY_ALIGNMENT)
+      load_tile_checked<T, ROWS, DQK, THREADS>(p, q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
+    else
+      load_tile<T, ROWS, DQK, THREADS>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
     if constexpr (FP8) {  // the first tile's bytes, before its conversion
       stage_fp8(tile_begin);
       cp_async_commit();
@@ -596,7 +653,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
     }
   }
 
-  store_rows<T, DV>(p, st, h, o, row_max, row_sum, my_row, lane);
+  store_rows<T, DV, ANY_ALIGNMENT>(p, st, h, o, row_max, row_sum, my_row, lane);
 }
 
 }  // namespace sm90

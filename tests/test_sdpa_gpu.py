@@ -278,16 +278,22 @@ def test_strided_bshd_inputs_and_output(dtype, offset, rng):
     (F16, (160, 128), {"mask": "bhqk", "mask_dtype": np.dtype(bool)}, "flash_fwd_sm90_f16_d192_128_general"),
     (BF16, (40, 40), {"mask": "k", "mask_dtype": BF16, "sinks": True}, "flash_fwd_sm90_bf16_d64_general"),
 ])
-def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options, kernel):
-    from ptxattn.driver import cu
-    from ptxattn.module import get_kernel, loaded_arch
+def _sm90_device():
+    """Device 0 where it loads the wgmma kernels' sm_90a PTX, else the test is skipped."""
+    from ptxattn.module import loaded_arch
 
     device = ptxattn.get_device(0)
     if loaded_arch(device, "flash_fwd_sm90") is None:
         pytest.skip(f"the wgmma kernels are sm_90a PTX, loaded only as sm_90; this run loads "
                     f"{ptxattn.ptx_arch(device)} PTX (the device's, or PTXATTN_ARCH's)")
+    return device
 
-    launched = []  # the function handles the driver was asked to launch
+
+def _record_launches(monkeypatch) -> list[int]:
+    """The function handles the driver is asked to launch from now on (cuLaunchKernel)."""
+    from ptxattn.driver import cu
+
+    launched = []
     launch = cu.cuLaunchKernel
 
     def recording_launch(function, *args):
@@ -295,6 +301,20 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options,
         return launch(function, *args)
 
     monkeypatch.setattr(cu, "cuLaunchKernel", recording_launch)
+    return launched
+
+
+def _assert_launched_once(launched: list[int], kernel: str, device) -> None:
+    from ptxattn.module import get_kernel
+
+    with ptxattn.on_device(device):
+        wanted = int(get_kernel(kernel, device).function)
+    assert launched.count(wanted) == 1, f"sdpa launched {launched}, not {kernel} ({wanted})"
+
+
+def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options, kernel):
+    device = _sm90_device()
+    launched = _record_launches(monkeypatch)
     dqk, dv = d if isinstance(d, tuple) else (d, d)
     ws_dim = next((dim for (dim, general), tile in sm90_ws_tiles().items() if general == ("_general" in kernel)
                    and tile.holds(dqk, dv)), None)
@@ -302,10 +322,49 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options,
         kernel += "_ws" + "_pp" * (ws_dim in attention.sm90_pingpong_dims())
     case = Case(dtype, 1, 2, 2, 300, 333, dqk, dv, **options)
     o, lse, inputs = _run_device(case, rng)
-    with ptxattn.on_device(device):
-        wanted = int(get_kernel(kernel, device).function)
-    assert launched.count(wanted) == 1, f"sdpa launched {launched}, not {kernel} ({wanted})"
+    _assert_launched_once(launched, kernel, device)
     _check(case, o, lse, *inputs)
+
+
+def _unaligned_view(host: np.ndarray, layout: str, rng) -> DeviceArray:
+    """`host` on the device where 16-byte copies cannot serve it: "offset" starts it one
+    element past an aligned base; "slice" keeps aligned rows but makes it the first columns of
+    rows 8 to 15 elements wider, whose extra columns hold random numbers (a copy that reads
+    past the head dim picks them up)."""
+    item = host.itemsize
+    if layout == "offset":
+        flat = np.concatenate([_rand(rng, (1,), host.dtype), host.ravel()])
+        whole = ptxattn.asarray(flat)
+        strides = tuple(s * item for s in attention.contiguous(host.shape))
+        return DeviceArray(whole.ptr + item, host.shape, host.dtype, strides, whole.device, whole)
+    wide = _rand(rng, host.shape[:-1] + (host.shape[-1] // 8 * 8 + 16,), host.dtype)
+    wide[..., :host.shape[-1]] = host
+    whole = ptxattn.asarray(wide)
+    return DeviceArray(whole.ptr, host.shape, host.dtype, whole.strides, whole.device, whole)
+
+
+@pytest.mark.parametrize("dtype, dqk, dv, layout, options, kernel", [
+    # q, k and v one element past 16-byte alignment: copied element by element.
+    (F16, 128, 128, "offset", {"causal": True}, "flash_fwd_sm90_f16_d128"),
+    (BF16, 64, 64, "offset", {"mask": "bhqk", "mask_dtype": BF16, "window": (30, 5)},
+     "flash_fwd_sm90_bf16_d64_general"),
+    (BF16, 192, 128, "offset", {"causal": True, "sinks": True}, "flash_fwd_sm90_bf16_d192_128"),
+    # Aligned rows, head dims not multiples of 8: zero-padded element by element.
+    (BF16, 100, 100, "slice", {"causal": True, "align": "bottom_right"}, "flash_fwd_sm90_bf16_d128"),
+    (F16, 60, 36, "slice", {"softcap": 5.0}, "flash_fwd_sm90_f16_d64_general"),
+    (BF16, 250, 130, "slice", {"window": (-1, 40)}, "flash_fwd_sm90_bf16_d256"),
+])
+def test_unaligned_calls_run_the_plain_wgmma_kernels(rng, monkeypatch, dtype, dqk, dv, layout, options, kernel):
+    device = _sm90_device()
+    case = Case(dtype, 2, 4, 2, 150, 333, dqk, dv, **options)
+    q, k, v, mask, sinks = _inputs(case, rng)
+    out = GuardedOutput((case.batch, case.hq, case.sq, case.dv), case.dtype, rng)
+    launched = _record_launches(monkeypatch)
+    _, lse = ptxattn.sdpa(*(_unaligned_view(x, layout, rng) for x in (q, k, v)), out=out.array, return_lse=True,
+                          attn_mask=None if mask is None else ptxattn.asarray(mask),
+                          sinks=None if sinks is None else ptxattn.asarray(sinks), **_options(case))
+    _assert_launched_once(launched, kernel, device)
+    _check(case, out.check(), lse.get(), q, k, v, mask, sinks)
 
 
 def test_broadcast_mask_is_read_through_zero_strides(rng):

@@ -144,14 +144,31 @@ def test_plan_wgmma_kernel_on_sm90():
     assert plan.kernel == "flash_fwd_sm90_f16_d128_general" and plan.rows == 128 and plan.threads == 256
     assert attention.plan_kernel(np.dtype(np.float16), 64, 64, True, True, paged=True).kernel == \
         "flash_fwd_sm90_f16_d64_general_paged"
-    # Unaligned tensors (or a device without sm_90a PTX) keep the mma.sync kernels.
+    # A device without sm_90a PTX keeps the mma.sync kernels.
     assert attention.plan_kernel(np.dtype(np.float16), 128, 128, True, False).kernel == "flash_fwd_f16_d128_general"
     assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d64"
     assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, False, False).kernel == "flash_fwd_bf16_d64"
     assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, False).kernel == "flash_fwd_bf16_d128"
-    # So do head dims the wgmma kernels cannot zero-pad in 16-byte chunks (not multiples of 8).
-    assert attention.plan_kernel(ptxattn.bfloat16, 100, 100, False, True).kernel == "flash_fwd_bf16_d128"
-    assert attention.plan_kernel(ptxattn.bfloat16, 64, 60, True, True).kernel == "flash_fwd_bf16_d64_general"
+
+
+@pytest.mark.parametrize("dqk, dv, general, vector_io, kernel", [
+    (128, 128, False, False, "flash_fwd_sm90_bf16_d128"),          # unaligned tensors
+    (128, 128, True, False, "flash_fwd_sm90_bf16_d128_general"),
+    (100, 100, False, True, "flash_fwd_sm90_bf16_d128"),           # dims not multiples of 8
+    (64, 60, True, True, "flash_fwd_sm90_bf16_d64_general"),
+    (200, 130, False, True, "flash_fwd_sm90_bf16_d256"),
+])
+def test_plan_element_copies_on_the_plain_wgmma_kernels(dqk, dv, general, vector_io, kernel):
+    # Calls the wgmma kernels cannot copy or zero-pad in 16-byte chunks run the plain (not
+    # warp-specialized) strided ones, told to copy element by element (vector_io False); paged
+    # calls keep mma.sync then.
+    plan = attention.plan_kernel(ptxattn.bfloat16, dqk, dv, general, True, vector_io=vector_io)
+    assert (plan.kernel, plan.vector_io) == (kernel, False)
+    paged = attention.plan_kernel(ptxattn.bfloat16, dqk, dv, general, True, paged=True, vector_io=vector_io)
+    assert paged.kernel == attention.plan_kernel(ptxattn.bfloat16, dqk, dv, general, False).kernel
+    assert paged.vector_io == vector_io
+    # Aligned calls with dims that are multiples of 8 copy 16 bytes at a time.
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, general, True, ws=False).vector_io
 
 
 @pytest.mark.parametrize("dqk, dv, general, kernel", [
@@ -209,14 +226,16 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
     assert (plan.kernel, plan.shared) == ("flash_fwd_sm90_f16_d256_general_ws", 2 * (256 * 128 + 2 * 64 * 512) + 1024)
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 256, False, True, ws=True, pingpong=False).kernel == \
         "flash_fwd_sm90_bf16_d256_ws"
-    # Paged, unaligned or not-multiple-of-8 head dims keep their kernels; ws=False the default one.
+    # Paged, unaligned or not-multiple-of-8 head dims take no ws kernel; ws=False the default one.
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, paged=True, ws=True).kernel == \
         "flash_fwd_sm90_bf16_d128_paged"
     assert attention.plan_kernel(ptxattn.bfloat16, 256, 256, False, True, paged=True, ws=True).kernel == \
         "flash_fwd_sm90_bf16_d256_paged"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, ws=True).kernel == "flash_fwd_bf16_d128"
+    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True, vector_io=False).kernel == \
+        "flash_fwd_sm90_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 100, 100, True, True, ws=True).kernel == \
-        "flash_fwd_bf16_d128_general"
+        "flash_fwd_sm90_bf16_d128_general"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d128"
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=False).kernel == \
         "flash_fwd_sm90_bf16_d128_general"

@@ -168,11 +168,13 @@ def _pick_sm90_ws_tile(dqk: int, dv: int, general: bool):
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """The sdpa kernel for one call shape: its name, query rows a block, threads, shared bytes."""
+    """The sdpa kernel for one call shape: its name, query rows a block, threads, shared bytes,
+    and the parameters' vector_io (16-byte copies safe for it)."""
     kernel: str
     rows: int
     threads: int
     shared: int
+    vector_io: bool
 
 
 SM90_WS_ENV = "PTXATTN_SM90_WS"
@@ -214,38 +216,42 @@ def sm90_pingpong_dims() -> frozenset[int]:
 
 
 def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool = False,
-                ws: bool | None = None, pingpong: bool | None = None) -> KernelPlan:
+                ws: bool | None = None, pingpong: bool | None = None, vector_io: bool = True) -> KernelPlan:
     """The kernel for q's dtype and head dims; `general` picks the per-element score path
-    (mask, softcap or scale <= 0); `wgmma` says the device runs the sm_90a kernels and the
-    tensors are 16-byte aligned (they take them where both dims are multiples of 8); `paged`:
+    (mask, softcap or scale <= 0); `wgmma` says the device runs the sm_90a kernels; `paged`:
     K and V come through a block table; `fp8`: K and V are fp8 (validated: Dqk = Dv, a dim of
     sdpa_fp8_variants; the general kernels run it); `ws`: a plain strided call on the wgmma path
     takes the warp-specialized kernel where one exists (None: unless PTXATTN_SM90_WS=0);
-    `pingpong`: that kernel's ping-pong twin (None: for the dims of sm90_pingpong_dims())."""
+    `pingpong`: that kernel's ping-pong twin (None: for the dims of sm90_pingpong_dims());
+    `vector_io`: the tensors allow 16-byte copies (vector_io_ok).
+    The wgmma kernels copy and zero-pad in 16-byte chunks where the tensors are aligned and
+    both dims are multiples of 8; otherwise the plain strided ones copy element by element
+    (the plan's vector_io is then False), and paged and fp8 calls keep mma.sync."""
     if fp8:
         name = _DTYPE_NAME[dtype]
-        if wgmma and dqk in sm90_fp8_tiles():
+        if wgmma and vector_io and dqk in sm90_fp8_tiles():
             sm90 = sm90_fp8_tiles()[dqk]
-            return KernelPlan(sm90.kernel(name), sm90.rows, sm90.threads, sm90.shared_bytes)
+            return KernelPlan(sm90.kernel(name), sm90.rows, sm90.threads, sm90.shared_bytes, vector_io)
         variant = sdpa_fp8_variants()[dqk]
         tile = variant.tile
-        return KernelPlan(variant.kernel(name), tile.rows, tile.threads, tile.shared_bytes)
+        return KernelPlan(variant.kernel(name), tile.rows, tile.threads, tile.shared_bytes, vector_io)
     if dtype == np.float32:
         k_pitch = dqk | 1
-        return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk))
-    # Zero-padding works in 16-byte chunks: dims that are not a multiple of 8 keep mma.sync.
-    wgmma = wgmma and dqk % 8 == 0 and dv % 8 == 0
-    ws_tile = _pick_sm90_ws_tile(dqk, dv, general) if wgmma and not paged else None
+        return KernelPlan("flash_fwd_f32", _F32_WARPS, 32 * _F32_WARPS, 4 * (32 * k_pitch + 32 * dv + _F32_WARPS * dqk),
+                          False)
+    chunked = vector_io and dqk % 8 == 0 and dv % 8 == 0
+    ws_tile = _pick_sm90_ws_tile(dqk, dv, general) if wgmma and chunked and not paged else None
     if ws_tile is not None and (sm90_ws_enabled() if ws is None else ws):
         pp = ws_tile.dim in sm90_pingpong_dims() if pingpong is None else pingpong
         tile = sm90_ws_pp_tiles().get((ws_tile.dim, general), ws_tile) if pp else ws_tile
-        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes)
-    tile = _pick_sm90_tile(dqk, dv, general) if wgmma else None
+        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes, True)
+    tile = _pick_sm90_tile(dqk, dv, general) if wgmma and (chunked or not paged) else None
     if tile is not None:
-        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes)
+        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes, chunked)
     variant = _pick_variant(dqk, dv)
     tile = variant.general if general else variant.plain
-    return KernelPlan(variant.kernel(_DTYPE_NAME[dtype], general), tile.rows, tile.threads, tile.shared_bytes)
+    return KernelPlan(variant.kernel(_DTYPE_NAME[dtype], general), tile.rows, tile.threads, tile.shared_bytes,
+                      vector_io)
 
 
 @functools.lru_cache(maxsize=None)
@@ -297,13 +303,13 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
         return
     vector_io = dtype != np.float32 and vector_io_ok((q, k, v, out))
     general = mask is not None or c.softcap > 0 or c.scale <= 0
-    plan = plan_kernel(dtype, dqk, dv, general, vector_io and runs_wgmma(binding.device))
+    plan = plan_kernel(dtype, dqk, dv, general, runs_wgmma(binding.device), vector_io=vector_io)
     o_strides = out.element_strides if out is not None else contiguous((batch, hq, sq, dv))
     lse_strides = a["out_lse"].element_strides if a["out_lse"] is not None else contiguous((batch, hq, sq))
     mask_kind, mask_strides = (0, (0, 0, 0, 0)) if mask is None else (_MASK_KIND[np.dtype(mask.dtype)],
                                                                       _mask_strides(mask))
     params = flash_params(q.element_strides[:3], k.element_strides[:3], v.element_strides[:3], o_strides[:3],
-                          lse_strides, c.left, c.right, c.scale, c.softcap, vector_io, heads=(hq, hkv),
+                          lse_strides, c.left, c.right, c.scale, c.softcap, plan.vector_io, heads=(hq, hkv),
                           dims=(dqk, dv), seq_q=sq, seq_kv=skv, mask_kind=mask_kind, mask_strides=mask_strides,
                           diag_offset=c.diag_offset)
     launch = binding.launch(plan.kernel, (-(-sq // plan.rows), hq, batch), (plan.threads, 1, 1), params, plan.shared)

@@ -294,9 +294,10 @@ def _bind_tiles(binding, a: dict, c: _Checked, kv, kv_strides, hkv: int, dv: int
     vector_io = dtype != np.float32 and vector_io_ok((q, *kv, out))
     general = c.softcap > 0 or c.scale <= 0
     paged = block_table_stride > 0
-    plan = plan_kernel(dtype, dqk, dv, general, vector_io and runs_wgmma(binding.device), paged, c.fp8 is not None)
+    plan = plan_kernel(dtype, dqk, dv, general, runs_wgmma(binding.device), paged, c.fp8 is not None,
+                       vector_io=vector_io)
     params = flash_params(_token_strides(q, q.shape), *kv_strides, _token_strides(out, (nq, hq, dv)),
-                          _token_strides(a["out_lse"], (nq, hq)), c.left, c.right, c.scale, c.softcap, vector_io,
+                          _token_strides(a["out_lse"], (nq, hq)), c.left, c.right, c.scale, c.softcap, plan.vector_io,
                           heads=(hq, hkv), dims=(dqk, dv), block_table_stride=block_table_stride, serving=serving,
                           fp8=fp8)
     params.fault = fault_buffer(binding.device)
