@@ -259,25 +259,6 @@ def test_strided_bshd_inputs_and_output(dtype, offset, rng):
     _check(case, got, None, *(x.transpose(0, 2, 1, 3) for x in (q, k, v)), None, None)
 
 
-@pytest.mark.parametrize("dtype, d, options, kernel", [
-    # The warp-specialized kernels (the wgmma ones they replaced, named here, run under
-    # PTXATTN_SM90_WS=0).
-    (BF16, 128, {}, "flash_fwd_sm90_bf16_d128"),
-    (F16, 64, {}, "flash_fwd_sm90_f16_d64"),
-    # Masks, softcap and scale <= 0: the general kernels.
-    (BF16, 128, {"mask": "bhqk", "mask_dtype": BF16, "causal": True}, "flash_fwd_sm90_bf16_d128_general"),
-    (F16, 64, {"softcap": 5.0, "window": (40, 7)}, "flash_fwd_sm90_f16_d64_general"),
-    (BF16, 64, {"mask": "qk", "mask_dtype": np.dtype(bool), "sinks": True}, "flash_fwd_sm90_bf16_d64_general"),
-    (F16, 128, {"scale": -0.05, "mask": "bhq1", "mask_dtype": F32}, "flash_fwd_sm90_f16_d128_general"),
-    # Other head dims: the smallest wgmma tile that holds them, zero-padded.
-    (BF16, (256, 256), {"causal": True}, "flash_fwd_sm90_bf16_d256"),
-    (F16, (192, 128), {"causal": True, "align": "bottom_right", "sinks": True}, "flash_fwd_sm90_f16_d192_128"),
-    (BF16, (96, 96), {"window": (100, 3)}, "flash_fwd_sm90_bf16_d128"),
-    (F16, (80, 48), {}, "flash_fwd_sm90_f16_d128"),
-    (BF16, (256, 256), {"softcap": 30.0, "causal": True}, "flash_fwd_sm90_bf16_d256_general"),
-    (F16, (160, 128), {"mask": "bhqk", "mask_dtype": np.dtype(bool)}, "flash_fwd_sm90_f16_d192_128_general"),
-    (BF16, (40, 40), {"mask": "k", "mask_dtype": BF16, "sinks": True}, "flash_fwd_sm90_bf16_d64_general"),
-])
 def _sm90_device():
     """Device 0 where it loads the wgmma kernels' sm_90a PTX, else the test is skipped."""
     from ptxattn.module import loaded_arch
@@ -312,6 +293,25 @@ def _assert_launched_once(launched: list[int], kernel: str, device) -> None:
     assert launched.count(wanted) == 1, f"sdpa launched {launched}, not {kernel} ({wanted})"
 
 
+@pytest.mark.parametrize("dtype, d, options, kernel", [
+    # The warp-specialized kernels (the wgmma ones they replaced, named here, run under
+    # PTXATTN_SM90_WS=0).
+    (BF16, 128, {}, "flash_fwd_sm90_bf16_d128"),
+    (F16, 64, {}, "flash_fwd_sm90_f16_d64"),
+    # Masks, softcap and scale <= 0: the general kernels.
+    (BF16, 128, {"mask": "bhqk", "mask_dtype": BF16, "causal": True}, "flash_fwd_sm90_bf16_d128_general"),
+    (F16, 64, {"softcap": 5.0, "window": (40, 7)}, "flash_fwd_sm90_f16_d64_general"),
+    (BF16, 64, {"mask": "qk", "mask_dtype": np.dtype(bool), "sinks": True}, "flash_fwd_sm90_bf16_d64_general"),
+    (F16, 128, {"scale": -0.05, "mask": "bhq1", "mask_dtype": F32}, "flash_fwd_sm90_f16_d128_general"),
+    # Other head dims: the smallest wgmma tile that holds them, zero-padded.
+    (BF16, (256, 256), {"causal": True}, "flash_fwd_sm90_bf16_d256"),
+    (F16, (192, 128), {"causal": True, "align": "bottom_right", "sinks": True}, "flash_fwd_sm90_f16_d192_128"),
+    (BF16, (96, 96), {"window": (100, 3)}, "flash_fwd_sm90_bf16_d128"),
+    (F16, (80, 48), {}, "flash_fwd_sm90_f16_d128"),
+    (BF16, (256, 256), {"softcap": 30.0, "causal": True}, "flash_fwd_sm90_bf16_d256_general"),
+    (F16, (160, 128), {"mask": "bhqk", "mask_dtype": np.dtype(bool)}, "flash_fwd_sm90_f16_d192_128_general"),
+    (BF16, (40, 40), {"mask": "k", "mask_dtype": BF16, "sinks": True}, "flash_fwd_sm90_bf16_d64_general"),
+])
 def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options, kernel):
     device = _sm90_device()
     launched = _record_launches(monkeypatch)
