@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import ptxattn
 from ptxattn import module
 from ptxattn.module import manifest
 from ptxattn.ops import attention
@@ -91,8 +92,9 @@ def test_unset_loads_the_best_match_and_the_wgmma_kernel():
     got = _probe(None)
     launched = dict(got["launched"])
     assert got["ptx_arch"] == "sm_90"
-    # Plain calls: the warp-specialized kernel (the plain wgmma one under PTXATTN_SM90_WS=0).
-    sm90 = "flash_fwd_sm90_bf16_d128_ws" if attention.sm90_ws_enabled() else "flash_fwd_sm90_bf16_d128"
+    # Plain calls: the warp-specialized kernel or its ping-pong twin (the plain wgmma one under
+    # PTXATTN_SM90_WS=0), as the plan names it.
+    sm90 = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True).kernel
     assert launched.pop(sm90) == "sm_90a"
     assert set(launched.values()) == {"sm_90"}, got
 

@@ -75,8 +75,7 @@ def test_kernels_are_jit_compiled_from_the_chosen_arch(rng, monkeypatch):
     wgmma = loaded_arch(device, "flash_fwd_sm90") is not None
     if ptxattn.ptx_arch(device) != device.arch:
         assert not wgmma, "the sm_90a wgmma kernels must not load under an older PTXATTN_ARCH"
-    sm90 = ("flash_fwd_sm90_bf16_d128_ws" + "_pp" * (128 in attention.sm90_pingpong_dims())
-            if attention.sm90_ws_enabled() else "flash_fwd_sm90_bf16_d128")
+    sm90 = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True).kernel
     sdpa_kernel = (sm90, "flash_fwd_sm90") if wgmma else ("flash_fwd_bf16_d128", "flash_fwd")
     expected = dict([sdpa_kernel, ("decode_split_bf16_d128", "decode"), ("decode_split_bf16_e4m3_d128", "decode"),
                      ("kv_append_quant_bf16_e4m3", "kv_cache"), ("kv_append_quant_bf16_e5m2", "kv_cache")])

@@ -249,7 +249,7 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
             assert attention.plan_kernel(ptxattn.bfloat16, d, d, general, True).kernel == default
 
 
-@pytest.mark.parametrize("value, dims", [(None, {64}), ("", {64}), ("1", {64, 128}), ("0", set())])
+@pytest.mark.parametrize("value, dims", [(None, {64, 128}), ("", {64, 128}), ("1", {64, 128}), ("0", set())])
 def test_sm90_pingpong_dims_follow_the_setting(monkeypatch, value, dims):
     if value is None:
         monkeypatch.delenv(attention.SM90_PINGPONG_ENV, raising=False)

@@ -180,9 +180,9 @@ class KernelPlan:
 SM90_WS_ENV = "PTXATTN_SM90_WS"
 SM90_PINGPONG_ENV = "PTXATTN_SM90_PINGPONG"
 # Head dims whose warp-specialized calls take the ping-pong twins unless PTXATTN_SM90_PINGPONG
-# says otherwise: D64 gained 18 % on the H200, D128 moved within run-to-run noise
-# (cu/flash_fwd_notes.md v5, v6).
-SM90_PINGPONG_DEFAULT_DIMS = frozenset({64})
+# says otherwise: D64 gained 18 % on the H200 (cu/flash_fwd_notes.md v5, v6), D128 16-21 % once
+# the producer's full-tile copies stopped taking the consumers' issue slots (v13).
+SM90_PINGPONG_DEFAULT_DIMS = frozenset({64, 128})
 
 
 def _switch_setting(variable: str) -> bool | None:
