@@ -215,20 +215,28 @@ __device__ __forceinline__ void load_tile(unsigned dst, const T* g, long long ro
 }
 
 // load_tile for a tile whose ROWS rows all lie before the end and whose D columns all count
-// (rows_valid >= ROWS, cols == D; D <= 128): no per-copy row check or zero-fill, the source
-// pointer advanced by one precomputed stride, so the warp-specialized producer issues about
-// three instructions a copy instead of a dozen (they take issue slots from the consumers).
+// (rows_valid >= ROWS, cols == D): no per-copy row check or zero-fill, the source pointer
+// advanced by one precomputed stride, so the warp-specialized producer issues about three
+// instructions a copy instead of a dozen (they take issue slots from the consumers). Rows
+// THREADS cannot cover 8 at a time go one 64-column half at a time, as in load_tile.
 template <class T, int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_full_tile(unsigned dst, const T* g, long long row_stride) {
-  constexpr int kLanes = kLanesPerRow<D>, kStep = THREADS / kLanes, kIters = ROWS / kStep;
-  static_assert(kLanes == D / 8 && kStep % 8 == 0 && ROWS % kStep == 0, "whole rows, one swizzle phase");
-  const int tid = threadIdx.x, r0 = tid / kLanes, c = tid % kLanes;
-  const unsigned d0 = dst + sw128_offset<ROWS>(r0, c);
-  const char* src = reinterpret_cast<const char*>(g + r0 * row_stride + c * 8);
-  const long long step = kStep * row_stride * static_cast<long long>(sizeof(T));
+  constexpr int kLanes = kLanesPerRow<D>, kStep = THREADS / kLanes;
+  if constexpr (kStep < 8) {
 #pragma unroll
-  for (int i = 0; i < kIters; ++i, src += step)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d0 + i * kStep * 128), "l"(src));
+    for (int half = 0; half < D / 64; ++half)
+      load_full_tile<T, ROWS, 64, THREADS>(dst + half * ROWS * 128, g + half * 64, row_stride);
+  } else {
+    constexpr int kIters = ROWS / kStep;
+    static_assert(kLanes == D / 8 && kStep % 8 == 0 && ROWS % kStep == 0, "whole rows, one swizzle phase");
+    const int tid = threadIdx.x, r0 = tid / kLanes, c = tid % kLanes;
+    const unsigned d0 = dst + sw128_offset<ROWS>(r0, c);
+    const char* src = reinterpret_cast<const char*>(g + r0 * row_stride + c * 8);
+    const long long step = kStep * row_stride * static_cast<long long>(sizeof(T));
+#pragma unroll
+    for (int i = 0; i < kIters; ++i, src += step)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d0 + i * kStep * 128), "l"(src));
+  }
 }
 
 // load_tile for a call the host could not vouch for (vector_io 0: a base or row stride off 16

@@ -205,8 +205,6 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   if (role == 0) {
     // ---- producer ----
     setmaxnreg_dec<Tile::PRODUCER_REGS>();
-    // load_full_tile's head dims: DQK / DV where those take it (the branch below is dead otherwise).
-    constexpr int kFullDqk = DQK <= 128 ? DQK : 128, kFullDv = DV <= 128 ? DV : 128;
     if (tile_begin < tile_end) {
       const int hk = h / (p.heads_q / p.heads_kv);
       const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
@@ -222,16 +220,16 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         const bool refill = t - tile_begin >= STAGES;
         if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
         // Full tiles (every row before the end, every column counted) skip load_tile's per-copy
-        // checks (load_full_tile: it takes head dims <= 128, whose rows 128 threads cover).
-        if (rows_valid >= KEYS && p.dim_qk == DQK && DQK <= 128)
-          load_full_tile<T, KEYS, kFullDqk, 128>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride);
+        // checks (load_full_tile).
+        if (rows_valid >= KEYS && p.dim_qk == DQK)
+          load_full_tile<T, KEYS, DQK, 128>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride);
         else
           load_tile<T, KEYS, DQK, 128, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride,
                                                             rows_valid, p.dim_qk);
         mbar_arrive_cp_async(k_full(stage));
         if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
-        if (rows_valid >= KEYS && p.dim_v == DV && DV <= 128)
-          load_full_tile<T, KEYS, kFullDv, 128>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride);
+        if (rows_valid >= KEYS && p.dim_v == DV)
+          load_full_tile<T, KEYS, DV, 128>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride);
         else
           load_tile<T, KEYS, DV, 128, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride,
                                                            rows_valid, p.dim_v);
