@@ -11,8 +11,9 @@
 // each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer (40)
 // to the consumers (232): 128 * 40 + 256 * 232 = 64512, the CTA's 384 threads at 168.
 //
-// Producer (128 threads): cp.async of the block's Q tile, then for each key tile t of the
-// block's range [tile_begin, tile_end), i = t - tile_begin, into ring stage s = i % STAGES
+// Producer (128 threads; produce_tile: full tiles without per-copy checks): cp.async of the
+// block's Q tile, then for each key tile t of the block's range [tile_begin, tile_end),
+// i = t - tile_begin, into ring stage s = i % STAGES
 // (its n-th use, n = i / STAGES): K(t) then V(t). Before refilling a stage (n > 0) it waits
 // for that stage's K (or V) "empty" barrier to complete its use n - 1 (parity (n - 1) & 1).
 // After issuing a tile's copies every producer thread does cp.async.mbarrier.arrive.noinc on
@@ -161,6 +162,17 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// The producer's copy of a Q, K or V tile: load_full_tile where every row lies before the
+// sequence's end and every column counts (all tiles but a sequence's last, at unpadded head
+// dims), else load_tile with its row checks and zero-fill.
+template <class T, int ROWS, int D, int UNROLL>
+__device__ __forceinline__ void produce_tile(unsigned dst, const T* g, long long row_stride, int rows_valid, int cols) {
+  if (rows_valid >= ROWS && cols == D)
+    load_full_tile<T, ROWS, D, 128>(dst, g, row_stride);
+  else
+    load_tile<T, ROWS, D, 128, UNROLL>(dst, g, row_stride, rows_valid, cols);
+}
+
 template <class T, class Tile, bool GENERAL>
 __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   constexpr int DQK = Tile::DQK, DV = Tile::DV, ROWS = Tile::ROWS, KEYS = Tile::KEYS, STAGES = Tile::STAGES;
@@ -213,26 +225,18 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
                     hk * p.k_head_stride;
       const T* gv = static_cast<const T*>(p.v) + st.b() * p.v_batch_stride + st.k_tok0() * p.v_seq_stride +
                     hk * p.v_head_stride;
-      load_tile<T, ROWS, DQK, 128, Tile::PRODUCER_UNROLL>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
+      produce_tile<T, ROWS, DQK, Tile::PRODUCER_UNROLL>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
       mbar_arrive_cp_async(q_full);
       for (int t = tile_begin; t < tile_end; ++t) {
         const int stage = stage_of(t), n0 = t * KEYS, rows_valid = st.seq_kv() - n0;
         const bool refill = t - tile_begin >= STAGES;
         if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
-        // Full tiles (every row before the end, every column counted) skip load_tile's per-copy
-        // checks (load_full_tile).
-        if (rows_valid >= KEYS && p.dim_qk == DQK)
-          load_full_tile<T, KEYS, DQK, 128>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride);
-        else
-          load_tile<T, KEYS, DQK, 128, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride,
-                                                            rows_valid, p.dim_qk);
+        produce_tile<T, KEYS, DQK, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride,
+                                                         rows_valid, p.dim_qk);
         mbar_arrive_cp_async(k_full(stage));
         if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
-        if (rows_valid >= KEYS && p.dim_v == DV)
-          load_full_tile<T, KEYS, DV, 128>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride);
-        else
-          load_tile<T, KEYS, DV, 128, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride,
-                                                           rows_valid, p.dim_v);
+        produce_tile<T, KEYS, DV, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride,
+                                                        rows_valid, p.dim_v);
         mbar_arrive_cp_async(v_full(stage));
       }
       asm volatile("cp.async.wait_all;\n" ::: "memory");
