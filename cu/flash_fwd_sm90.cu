@@ -599,9 +599,9 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 #pragma unroll
   for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
   float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
-  // The exponent's multiplier: scores are raw dot products in plain kernels, base-2 logits
-  // in general ones.
-  const float mul = GENERAL ? 1.f : p.scale * kLog2e;
+  // The exponent's multiplier: scores are raw dot products in plain kernels; general ones
+  // take general_scores' units.
+  const float mul = GENERAL ? general_mul(p) : p.scale * kLog2e;
   // Strided K/V of 16-bit inputs: any alignment (vector_io may be 0). Paged pools and fp8
   // calls are aligned (the host sends others to mma.sync), which spares their registers.
   constexpr bool ANY_ALIGNMENT = !PAGED && !FP8;
