@@ -268,14 +268,15 @@ __device__ __forceinline__ void load_tile_scalar(unsigned dst, const T* g, long 
   }
 }
 
-// The tile copy a call's alignment allows (p.vector_io): load_tile or load_tile_scalar.
-template <class T, int ROWS, int D, int THREADS>
+// The tile copy a call's alignment allows: load_tile_scalar where the kernel takes calls of
+// ANY_ALIGNMENT and this one's p.vector_io is 0, else load_tile.
+template <class T, int ROWS, int D, int THREADS, bool ANY_ALIGNMENT>
 __device__ __forceinline__ void load_tile_checked(const FlashFwdParams& p, unsigned dst, const T* g,
                                                   long long row_stride, int rows_valid, int cols) {
-  if (p.vector_io)
-    load_tile<T, ROWS, D, THREADS>(dst, g, row_stride, rows_valid, cols);
-  else
+  if (ANY_ALIGNMENT && !p.vector_io)
     load_tile_scalar<T, ROWS, D, THREADS>(dst, g, row_stride, rows_valid, cols);
+  else
+    load_tile<T, ROWS, D, THREADS>(dst, g, row_stride, rows_valid, cols);
 }
 
 // Paged pools: the page ids of one ROWS-key tile (one per page it spans) are copied into
@@ -566,6 +567,9 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
                                        st.k_tok0(), n0, rows_valid);
     }
   };
+  // Strided K/V of 16-bit inputs: any alignment (vector_io may be 0). Paged pools and fp8
+  // calls are aligned (the host sends others to mma.sync), which spares their registers.
+  constexpr bool ANY_ALIGNMENT = !PAGED && !FP8;
   // Copies tile `tile`'s K and V into `stage` (and, paged, the page ids of the tile after it).
   // fp8: converts the staged tile `tile` into `stage` and stages the tile after it.
   auto load_kv = [&](int stage, int tile) {
@@ -586,10 +590,10 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       if (tile + 1 < tile_end) fetch_page_ids<KEYS>(page_ids[(tile + 1) & 1], p, b, n0 + KEYS, seq_kv);
       return;
     }
-    load_tile_checked<T, KEYS, DQK, THREADS>(p, k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride, seq_kv - n0,
-                                             p.dim_qk);
-    load_tile_checked<T, KEYS, DV, THREADS>(p, v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride, seq_kv - n0,
-                                            p.dim_v);
+    load_tile_checked<T, KEYS, DQK, THREADS, ANY_ALIGNMENT>(p, k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride,
+                                                            seq_kv - n0, p.dim_qk);
+    load_tile_checked<T, KEYS, DV, THREADS, ANY_ALIGNMENT>(p, v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride,
+                                                           seq_kv - n0, p.dim_v);
   };
 
   // This thread's rows: my_row and my_row + 8 (accumulator registers 4j + {0,1} / {2,3}).
@@ -602,9 +606,6 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   // The exponent's multiplier: scores are raw dot products in plain kernels; general ones
   // take general_scores' units.
   const float mul = GENERAL ? general_mul(p) : p.scale * kLog2e;
-  // Strided K/V of 16-bit inputs: any alignment (vector_io may be 0). Paged pools and fp8
-  // calls are aligned (the host sends others to mma.sync), which spares their registers.
-  constexpr bool ANY_ALIGNMENT = !PAGED && !FP8;
 
   if (tile_begin < tile_end) {
     const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
@@ -615,10 +616,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       cp_async_wait<0>();
       __syncthreads();
     }
-    if constexpr (ANY_ALIGNMENT)
-      load_tile_checked<T, ROWS, DQK, THREADS>(p, q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
-    else
-      load_tile<T, ROWS, DQK, THREADS>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
+    load_tile_checked<T, ROWS, DQK, THREADS, ANY_ALIGNMENT>(p, q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
     if constexpr (FP8) {  // the first tile's bytes, before its conversion
       stage_fp8(tile_begin);
       cp_async_commit();
