@@ -3,13 +3,14 @@
 // strides (dense and ragged calls; no paged, no fp8). Plain kernels take calls with no mask,
 // no softcap and scale > 0; GENERAL ones (the "_general_ws" kernels) the rest, their scores
 // made by general_scores as in flash_fwd_wgmma's general kernels. Same parameters and
-// semantics as those kernels; query blocks of 128 rows (grid x). Included by
+// semantics as those kernels; query blocks of 64 GROUPS rows (grid x). Included by
 // flash_fwd_sm90.cu after the per-tile steps it shares with flash_fwd_wgmma (issue_qk,
 // general_scores, cut_keys, online_softmax, pack_p, issue_pv, store_rows).
 //
-// A CTA is three warpgroups: warpgroup 0 the producer, 1 and 2 consumers of 64 query rows
-// each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer (40)
-// to the consumers (232): 128 * 40 + 256 * 232 = 64512, the CTA's 384 threads at 168.
+// A CTA is 1 + GROUPS warpgroups: warpgroup 0 the producer, 1 .. GROUPS consumers of 64 query
+// rows each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer
+// to the consumers: two consumers 40 / 232 (128 * 40 + 256 * 232 = 64512, the CTA's 384
+// threads at 168), three 32 / 160 (65536, 512 threads at 128).
 //
 // Producer (128 threads; produce_tile: full tiles without per-copy checks): cp.async of the
 // block's Q tile, then for each key tile t of the block's range [tile_begin, tile_end),
@@ -47,32 +48,33 @@
 // K(t) after releasing V(t-2) at the end of iteration t-1). The consumers never wait on each
 // other, and no __syncthreads follows the role split (resolve_tile's comes before it).
 //
-// Ping-pong (Tile::PINGPONG, the "_ws_pp" kernels): the two consumers take turns issuing
-// their wgmmas, so one's GEMMs run on the tensor cores while the other does its softmax.
+// Ping-pong (Tile::PINGPONG, the "_ws_pp" kernels): the consumers take turns issuing their
+// wgmmas, so one's GEMMs run on the tensor cores while the others do their softmax.
 // Turns are numbered by the block's tiles, t = tile_begin .. tile_end (one more than its
-// tiles; none when the block has no tile), the same for both consumers whatever tiles they
+// tiles; none when the block has no tile), the same for every consumer whatever tiles they
 // compute: in turn t a consumer issues S(t) if t is its tile and P(t-1) V(t-1) if t - 1 is,
 // nothing otherwise (a passed tile, or no tile of its own at all, is an empty turn). A turn is
-//   wait on my named barrier (bar.sync id(g), 256); issue; arrive on the other's
-//   (bar.arrive id(3 - g), 256)
-// with id(g) = Tile::PP_BAR0 + g - 1 (ids 1 and 2: id 0 is __syncthreads'; the kernel uses no
-// other named barrier), so the issue order is c1(t0), c2(t0), c1(t0+1), c2(t0+1), ...
-// Consumer 1 skips the wait of its first turn and consumer 2 the arrival of its last: each
-// barrier then sees exactly as many bar.sync warpgroups as bar.arrive ones (barrier 2: N
-// each, barrier 1: N - 1 each, N turns), and no barrier can complete on arrivals alone (an
-// arrival of the next round comes only after the other's wait of this one). The waits on
+//   wait on my named barrier (bar.sync id(g), 256); issue; arrive on the next consumer's
+//   (bar.arrive id(next(g)), 256), next(g) = g % GROUPS + 1
+// with id(g) = Tile::PP_BAR0 + g - 1 (ids 1 .. GROUPS: id 0 is __syncthreads'; the kernel uses
+// no other named barrier), so the issue order is c1(t0), c2(t0), .., c1(t0+1), c2(t0+1), ..
+// Consumer 1 skips the wait of its first turn and the last consumer the arrival of its last:
+// each barrier then sees exactly as many bar.sync warpgroups as bar.arrive ones (barrier 1:
+// N - 1 each, the others N each, N turns), and no barrier can complete on arrivals alone (an
+// arrival of the next round comes only after the waiter's wait of this one). The waits on
 // full barriers stay where they were (K(t) before turn t's wait, V(t-1) inside the turn);
 // passes (wait, release) sit between turns, pass(t) before turn t's wait (the tiles before
 // a warpgroup's own) or turn t + 1's (those after).
 // Why no deadlock, by induction over t: the only waits between a consumer's arrival of turn
 // t - 1 and its arrival of turn t are on full barriers of tiles <= t and on turn t's named
-// barrier; once both consumers have arrived in turn t - 1, each goes on to release every
+// barrier; once every consumer has arrived in turn t - 1, each goes on to release every
 // tile <= t - 2 without waiting on anything (wgmma waits, arrivals), so the producer, which
 // needs only releases of tiles <= t - STAGES <= t - 2 to fill every tile <= t, fills them:
-// all those full-barrier waits return. Consumer 1's named-barrier wait of turn t needs
-// consumer 2's arrival of turn t - 1 (given); consumer 2's needs consumer 1's of turn t,
-// which follows only waits just shown to return. (Base: turn tile_begin needs no release,
-// and consumer 1 does not wait in it.) After the last turn nothing waits.
+// all those full-barrier waits return. Consumer 1's named-barrier wait of turn t needs the
+// last consumer's arrival of turn t - 1 (given); consumer g's (g > 1) needs consumer g - 1's
+// of turn t, which follows only waits just shown to return (induction over g). (Base: turn
+// tile_begin needs no release, and consumer 1 does not wait in it.) After the last turn
+// nothing waits.
 // Ping-pong moves no arithmetic: outputs stay bit-identical to the plain WS kernel's.
 #pragma once
 
@@ -80,16 +82,19 @@ namespace ptxattn {
 namespace sm90 {
 
 // One warp-specialized variant: head dims DQK (Q, K) and DV (V, O), KEYS keys a K/V tile,
-// STAGES K/V stages in the ring, two consumers of 64 query rows. Shared memory holds Q (128
-// rows), then STAGES stages of (K, V); base rounded up to 1024.
-template <int DQK_, int DV_, int KEYS_, int STAGES_>
-struct WsTile : TileGeometry<DQK_, DV_, 128, KEYS_> {
-  using Geometry = TileGeometry<DQK_, DV_, 128, KEYS_>;
+// STAGES K/V stages in the ring, GROUPS consumers of 64 query rows. Shared memory holds Q
+// (64 GROUPS rows), then STAGES stages of (K, V); base rounded up to 1024.
+template <int DQK_, int DV_, int KEYS_, int STAGES_, int GROUPS_>
+struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
+  using Geometry = TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_>;
   static constexpr int STAGES = STAGES_;
-  static constexpr int CONSUMERS = Geometry::ROWS / 64;
+  static constexpr int CONSUMERS = GROUPS_;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int SHARED = Geometry::Q_BYTES + STAGES * (Geometry::K_BYTES + Geometry::V_BYTES) + 1024;
-  static constexpr int PRODUCER_REGS = 40, CONSUMER_REGS = 232;
+  // Three consumers need 160 a thread (at 152 ptxas serialized their wgmmas, warning C7512),
+  // so the producer keeps 32 there (40 spilled nothing beside two consumers; 24 spilled 72 B).
+  static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : 40, CONSUMER_REGS = CONSUMERS == 3 ? 160 : 232;
+  static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumers");
   static constexpr int PRODUCER_UNROLL = 4;  // copies a producer thread's loop issues unrolled
   static_assert(STAGES >= 2, "the consumers hold two stages at once");
   static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
@@ -103,19 +108,18 @@ struct WsTile : TileGeometry<DQK_, DV_, 128, KEYS_> {
 
 // The same variant with the consumers' ping-pong (a tile type of its own rather than a
 // parameter of flash_fwd_ws, so the plain WS kernels' PTX keeps its names and bytes).
-template <int DQK_, int DV_, int KEYS_, int STAGES_>
-struct WsPingPongTile : WsTile<DQK_, DV_, KEYS_, STAGES_> {
+template <int DQK_, int DV_, int KEYS_, int STAGES_, int GROUPS_>
+struct WsPingPongTile : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_> {
   static constexpr bool PINGPONG = true;
   static constexpr int PP_BAR0 = 1;  // consumer g's turn barrier is PP_BAR0 + g - 1 (0: __syncthreads)
-  static_assert(WsTile<DQK_, DV_, KEYS_, STAGES_>::CONSUMERS == 2, "the turns alternate between two consumers");
 };
-template <int DQK, int DV, int KEYS, int STAGES, bool PINGPONG>
+template <int DQK, int DV, int KEYS, int STAGES, int GROUPS, bool PINGPONG>
 struct WsTileFor {
-  using type = WsTile<DQK, DV, KEYS, STAGES>;
+  using type = WsTile<DQK, DV, KEYS, STAGES, GROUPS>;
 };
-template <int DQK, int DV, int KEYS, int STAGES>
-struct WsTileFor<DQK, DV, KEYS, STAGES, true> {
-  using type = WsPingPongTile<DQK, DV, KEYS, STAGES>;
+template <int DQK, int DV, int KEYS, int STAGES, int GROUPS>
+struct WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, true> {
+  using type = WsPingPongTile<DQK, DV, KEYS, STAGES, GROUPS>;
 };
 
 // ---- mbarrier and setmaxnreg wrappers ---------------------------------------------------
@@ -289,12 +293,12 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     // arrival after; nothing without PINGPONG.
     auto turn_wait = [&](int t) {
       if constexpr (Tile::PINGPONG) {
-        if (role == 2 || t > tile_begin) named_bar_sync(Tile::PP_BAR0 + role - 1, 256);
+        if (role != 1 || t > tile_begin) named_bar_sync(Tile::PP_BAR0 + role - 1, 256);
       }
     };
     auto turn_arrive = [&](int t) {
       if constexpr (Tile::PINGPONG) {
-        if (role == 1 || t < tile_end) named_bar_arrive(Tile::PP_BAR0 + 2 - role, 256);
+        if (role != Tile::CONSUMERS || t < tile_end) named_bar_arrive(Tile::PP_BAR0 + role % Tile::CONSUMERS, 256);
       }
     };
     auto empty_turn = [&](int t) {
@@ -364,10 +368,13 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 }  // namespace ptxattn
 
 // NAME: the warp-specialized kernel (K/V through strides), the flash_fwd_sm90 table's "ws"
-// variants; PINGPONG: with the consumers' ping-pong ("pingpong" variants, NAME ends _pp);
-// GENERAL: the per-element score path (masks, softcap, any scale; NAME has _general).
-#define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, PINGPONG, GENERAL)                                    \
-  extern "C" __global__ void __launch_bounds__(                                                                    \
-      ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, PINGPONG>::type::THREADS, 1) NAME(const ptxattn::FlashFwdParams p) { \
-    ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, PINGPONG>::type, GENERAL>(p); \
+// variants; GROUPS consumers (NAME has _m192 for three); PINGPONG: with the consumers'
+// ping-pong ("pingpong" variants, NAME ends _pp); GENERAL: the per-element score path (masks,
+// softcap, any scale; NAME has _general).
+#define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, GROUPS, PINGPONG, GENERAL)                  \
+  extern "C" __global__ void __launch_bounds__(                                                         \
+      ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, PINGPONG>::type::THREADS, 1)               \
+      NAME(const ptxattn::FlashFwdParams p) {                                                           \
+    ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, PINGPONG>::type, \
+                                GENERAL>(p);                                                            \
   }

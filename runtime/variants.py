@@ -149,7 +149,9 @@ class Sm90Tile:
         for fp8 K/V (and none for warp-specialized kernels: strided K/V only)."""
         dims = f"d{self.dim}" + (f"_{self.dim_v}" if self.dim_v != self.dim else "")
         if self.ws:
-            return f"flash_fwd_sm90_{dtype}_{dims}{'_general' if self.general else ''}_ws{'_pp' if self.pingpong else ''}"
+            rows = "" if self.groups == 2 else f"_m{self.rows}"  # query rows a CTA, where not 128
+            return (f"flash_fwd_sm90_{dtype}_{dims}{'_general' if self.general else ''}_ws{rows}"
+                    f"{'_pp' if self.pingpong else ''}")
         tail = "_fp8" if self.fp8 else "_paged" if paged else ""
         return f"flash_fwd_sm90_{dtype}_{dims}{'_general' if self.general else ''}{tail}"
 

@@ -134,9 +134,10 @@ def _flash_fwd_sm90(info):
             stem = f"flash_fwd_sm90_{dtype}_{kind}"
             if v.get("ws", False):  # warp-specialized kernel: `groups` consumers, `stages` K/V stages
                 pingpong = v.get("pingpong", False)  # the consumers take turns on the tensor cores
-                name = f"{stem}_ws{'_pp' if pingpong else ''}"
+                rows = "" if v["groups"] == 2 else f"_m{64 * v['groups']}"  # query rows a CTA, where not 128
+                name = f"{stem}_ws{rows}{'_pp' if pingpong else ''}"
                 yield (f"FLASH_FWD_SM90_WS({name}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {keys}, {v['stages']}, "
-                       f"{c_literal(pingpong)}, {c_literal(v['general'])})", [name])
+                       f"{v['groups']}, {c_literal(pingpong)}, {c_literal(v['general'])})", [name])
             elif fp8:
                 name = f"{stem}_fp8"
                 yield f"FLASH_FWD_SM90_FP8({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, " \

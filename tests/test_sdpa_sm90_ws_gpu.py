@@ -1,5 +1,5 @@
 """The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default at every head dim:
-the _ws_pp ping-pong twins at D64, the _ws kernels at the others, plain and _general) against
+the _ws_pp ping-pong twins at D64 / D128, the _ws kernels at the others, plain and _general) against
 the float64 reference and, bit for bit (same summation order), against the wgmma kernels they
 replaced (PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0) and the _ws_pp
 kernels at every dim (PTXATTN_SM90_PINGPONG=1): D64, D128, Dqk 192 / Dv 128, D256 and dims
@@ -66,6 +66,9 @@ CASES = [
     Case(F16, 1, 8, 8, 2048, 2048, 128, 128, causal=True),                       # many tiles: the ring wraps
     Case(BF16, 1, 8, 8, 2048, 2048, 64, 64, causal=True, sinks=True),
     Case(BF16, 1, 2, 2, 1, 1, 64, 64),
+    # Plain D64 blocks are 192 rows, three consumers: the third with no row, a block of one row.
+    Case(F16, 1, 2, 2, 130, 500, 64, 64, causal=True),
+    Case(BF16, 2, 4, 2, 193, 193, 64, 64, causal=True, align="bottom_right"),
     Case(F16, 1, 2, 1, 5, 0, 128, 128, sinks=True),                              # no keys at all
     Case(BF16, 3, 6, 2, 129, 4000, 128, 128, lse=False),
     # Smaller head dims, zero-padded into the D64 / D128 kernels.

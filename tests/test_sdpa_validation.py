@@ -200,12 +200,16 @@ def test_plan_wgmma_tiles_of_the_larger_head_dims():
 
 def test_plan_sm90_ws_kernel_unless_opted_out():
     # By default (or ws=True) plain strided wgmma calls get the warp-specialized kernels:
-    # a producer and two consumer warpgroups, 128 rows; Q + the K/V ring, aligned base.
+    # a producer and two consumer warpgroups, 128 rows; Q + the K/V ring, aligned base. Plain
+    # D64 calls have three consumers (192 rows).
     plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_bf16_d128_ws", 128, 384)
     assert plan.shared == 2 * 128 * (128 + 2 * 2 * 128) + 1024
     plan = attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True, pingpong=False)
-    assert (plan.kernel, plan.shared) == ("flash_fwd_sm90_f16_d64_ws", 2 * 64 * (128 + 2 * 3 * 128) + 1024)
+    assert (plan.kernel, plan.rows, plan.threads, plan.shared) == \
+        ("flash_fwd_sm90_f16_d64_ws_m192", 192, 512, 2 * 64 * (192 + 2 * 3 * 128) + 1024)
+    plan = attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True, pingpong=True)
+    assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_f16_d64_ws_m192_pp", 192, 512)
     # General calls (masks, softcap, scale <= 0) have warp-specialized kernels of their own.
     plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_bf16_d128_general_ws", 128, 384)
@@ -244,7 +248,8 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
     for d in (64, 128):
         for general in (False, True):
             kind = "_general" * general
-            default = (f"flash_fwd_sm90_bf16_d{d}{kind}_ws" + "_pp" * (d in attention.sm90_pingpong_dims())
+            rows = "_m192" * (d == 64 and not general)  # plain D64: three consumers
+            default = (f"flash_fwd_sm90_bf16_d{d}{kind}_ws{rows}" + "_pp" * (d in attention.sm90_pingpong_dims())
                        if attention.sm90_ws_enabled() else f"flash_fwd_sm90_bf16_d{d}{kind}")
             assert attention.plan_kernel(ptxattn.bfloat16, d, d, general, True).kernel == default
 
@@ -280,7 +285,7 @@ def test_plan_sm90_pingpong_kernel_on_request():
     assert (plan.kernel, ws.kernel) == ("flash_fwd_sm90_bf16_d128_ws_pp", "flash_fwd_sm90_bf16_d128_ws")
     assert (plan.rows, plan.threads, plan.shared) == (ws.rows, ws.threads, ws.shared)
     assert attention.plan_kernel(np.dtype(np.float16), 64, 64, False, True, ws=True, pingpong=True).kernel == \
-        "flash_fwd_sm90_f16_d64_ws_pp"
+        "flash_fwd_sm90_f16_d64_ws_m192_pp"
     # Only where a ws kernel runs (general ones too): not with ws=False, nor paged or mma.sync calls.
     assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False, pingpong=True).kernel == \
         "flash_fwd_sm90_bf16_d128"

@@ -114,20 +114,22 @@ def test_views_are_read_only():
 
 def test_sm90_ws_tiles():
     """The warp-specialized kernels, plain and general: a producer warpgroup beside `groups`
-    consumers of 64 rows, Q and `stages` K/V stages within sm_90's 227 KB, at every head dim the
-    plain wgmma kernels have."""
+    consumers of 64 rows (three for plain D64 calls, flash_fwd_notes v15; else two), Q and
+    `stages` K/V stages within sm_90's 227 KB, at every head dim the plain wgmma kernels have."""
     ws = sm90_ws_tiles()
     dims = {64: 64, 128: 128, 192: 128, 256: 256}  # Dqk: Dv
     assert set(ws) == {(dim, general) for dim in dims for general in (False, True)}
     for (dim, general), tile in ws.items():
         assert tile.ws and tile.general == general and not tile.fp8 and tile.dim_v == dims[dim]
-        assert (tile.rows, tile.threads) == (128, 384)
+        groups = 3 if (dim, general) == (64, False) else 2
+        assert (tile.groups, tile.rows, tile.threads) == (groups, 64 * groups, 128 * (groups + 1))
         assert tile.keys == (64 if dim == 256 else 128)
         assert tile.stages == (3 if dim == 64 else 2)
-        assert tile.shared_bytes == 2 * (dim * 128 + tile.stages * tile.keys * (dim + tile.dim_v)) + 1024
+        assert tile.shared_bytes == 2 * (dim * tile.rows + tile.stages * tile.keys * (dim + tile.dim_v)) + 1024
         assert tile.shared_bytes <= 227 * 1024 - 4096
         dims_name = f"d{dim}" + (f"_{tile.dim_v}" if tile.dim_v != dim else "")
-        assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_{dims_name}{'_general' * general}_ws"
+        rows = "_m192" * (groups == 3)
+        assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_{dims_name}{'_general' * general}_ws{rows}"
         plain = sm90_tiles()[dim, tile.dim_v, general]  # the kernel a ws tile replaces: same tile shape
         assert (plain.keys, plain.dim_v) == (tile.keys, tile.dim_v)
     assert list(ws)[:2] in ([(64, False), (64, True)], [(64, True), (64, False)])  # smallest first
