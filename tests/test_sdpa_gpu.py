@@ -13,7 +13,7 @@ import pytest
 import ptxattn
 from ptxattn import DeviceArray, reference
 from ptxattn.ops import attention
-from ptxattn.variants import sm90_ws_tiles
+from ptxattn.variants import sm90_ws_pp_tiles, sm90_ws_tiles
 
 from gpu_util import GuardedOutput, relative_error
 
@@ -316,10 +316,11 @@ def test_sm90_devices_take_the_wgmma_kernel(rng, monkeypatch, dtype, d, options,
     device = _sm90_device()
     launched = _record_launches(monkeypatch)
     dqk, dv = d if isinstance(d, tuple) else (d, d)
-    ws_dim = next((dim for (dim, general), tile in sm90_ws_tiles().items() if general == ("_general" in kernel)
-                   and tile.holds(dqk, dv)), None)
-    if attention.sm90_ws_enabled() and ws_dim is not None:
-        kernel += "_ws" + "_pp" * (ws_dim in attention.sm90_pingpong_dims())
+    ws_tile = next((tile for (_, general), tile in sm90_ws_tiles().items() if general == ("_general" in kernel)
+                    and tile.holds(dqk, dv)), None)
+    if attention.sm90_ws_enabled() and ws_tile is not None:
+        pp = ws_tile.dim in attention.sm90_pingpong_dims()
+        kernel = (sm90_ws_pp_tiles()[ws_tile.dim, ws_tile.general] if pp else ws_tile).kernel(kernel.split("_")[3])
     case = Case(dtype, 1, 2, 2, 300, 333, dqk, dv, **options)
     o, lse, inputs = _run_device(case, rng)
     _assert_launched_once(launched, kernel, device)
