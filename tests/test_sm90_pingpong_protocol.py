@@ -1,15 +1,16 @@
 """A model of the _ws_pp kernels' synchronization (cu/flash_fwd_sm90_ws.cuh, PINGPONG), run
 on the CPU under random schedules: the producer's fills and empty-barrier waits, each
 consumer's full-barrier waits, releases and ping-pong turns (bar.sync own / bar.arrive the
-other's, 256 threads = two warpgroups), in the order the kernel issues them, at tile
-granularity. For every split of a block's tiles between the consumers (passed tiles before
-and after their own, no tile of their own, no tile at all) and 2 or 3 stages it checks that
-nothing deadlocks, that no named barrier completes on arrivals alone or is left half-arrived
-at exit, and that the turns alternate consumer 1, consumer 2, tile by tile. The model mirrors
-the kernel's consumer code by hand: change one, change the other.
+next consumer's, 256 threads = two warpgroups), in the order the kernel issues them, at tile
+granularity. For two and three consumers, every split of a block's tiles between them
+(passed tiles before and after their own, no tile of their own, no tile at all) and 2 or 3
+stages it checks that nothing deadlocks, that no named barrier completes on arrivals alone or
+is left half-arrived at exit, and that the turns go consumer 1, 2 (, 3), tile by tile. The
+model mirrors the kernel's consumer code by hand: change one, change the other.
 """
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -17,18 +18,19 @@ import pytest
 WARPGROUP = 128
 
 
-def _consumer(role: int, tile_begin: int, tile_end: int, my_begin: int, my_end: int) -> list[tuple]:
-    """Consumer `role`'s (1 or 2) blocking and signalling steps, as flash_fwd_ws issues them."""
+def _consumer(role: int, consumers: int, tile_begin: int, tile_end: int, my_begin: int, my_end: int) -> list[tuple]:
+    """Consumer `role`'s (1 .. consumers) blocking and signalling steps, as flash_fwd_ws issues
+    them."""
     ops: list[tuple] = []
 
     def turn_wait(t):
-        if role == 2 or t > tile_begin:
+        if role != 1 or t > tile_begin:
             ops.append(("sync", role))
         ops.append(("issue", t))  # the turn's wgmmas (none in an empty turn)
 
     def turn_arrive(t):
-        if role == 1 or t < tile_end:
-            ops.append(("arrive", 3 - role))
+        if role != consumers or t < tile_end:
+            ops.append(("arrive", role % consumers + 1))
 
     def empty_turn(t):
         turn_wait(t)
@@ -73,12 +75,15 @@ def _producer(tile_begin: int, tile_end: int, stages: int) -> list[tuple]:
     return ops
 
 
-def _run(tile_begin, tile_end, own1, own2, stages, rng) -> None:
-    programs = {0: _producer(tile_begin, tile_end, stages), 1: _consumer(1, tile_begin, tile_end, *own1),
-                2: _consumer(2, tile_begin, tile_end, *own2)}
+def _run(tile_begin, tile_end, owns, stages, rng) -> None:
+    """One random schedule of a block whose consumers own the tile ranges `owns` (one each)."""
+    consumers = len(owns)
+    programs = {0: _producer(tile_begin, tile_end, stages)}
+    programs.update({role: _consumer(role, consumers, tile_begin, tile_end, *own) for role, own in enumerate(owns, 1)})
     pc = dict.fromkeys(programs, 0)
     full, releases = set(), {}
-    arrived, waiting = {1: 0, 2: 0}, {1: [], 2: []}  # named barriers: threads arrived, warpgroups in bar.sync
+    roles = range(1, consumers + 1)
+    arrived, waiting = dict.fromkeys(roles, 0), {r: [] for r in roles}  # named barriers: threads arrived, warpgroups in bar.sync
     blocked, issued = set(), []
     while True:
         def ready(who):
@@ -86,13 +91,13 @@ def _run(tile_begin, tile_end, own1, own2, stages, rng) -> None:
                 return False
             op = programs[who][pc[who]]
             return ((op[0] != "wait" or op[1:] in full) and
-                    (op[0] != "wait_empty" or releases.get(op[1:], 0) == 2))
+                    (op[0] != "wait_empty" or releases.get(op[1:], 0) == consumers))
         runnable = [who for who in programs if ready(who)]
         if not runnable:
             assert not blocked and all(pc[w] == len(programs[w]) for w in programs), f"deadlock at {pc}"
-            assert arrived == {1: 0, 2: 0}, f"a named barrier left half-arrived: {arrived}"
+            assert not any(arrived.values()), f"a named barrier left half-arrived: {arrived}"
             turns = range(tile_begin, tile_end + 1) if tile_begin < tile_end else []
-            assert issued == [(role, t) for t in turns for role in (1, 2)], issued
+            assert issued == [(role, t) for t in turns for role in roles], issued
             return
         who = rng.choice(runnable)
         op = programs[who][pc[who]]
@@ -122,13 +127,13 @@ def _own_ranges(tile_begin: int, tile_end: int):
     return sorted(ranges | {(tile_end, tile_end)})
 
 
+@pytest.mark.parametrize("consumers", [2, 3])
 @pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("tiles", range(6))
-def test_pingpong_turns_alternate_and_cannot_deadlock(stages, tiles):
-    rng = random.Random(tiles * 10 + stages)
+def test_pingpong_turns_go_round_and_cannot_deadlock(consumers, stages, tiles):
+    rng = random.Random(tiles * 100 + stages * 10 + consumers)
     tile_begin = 3  # the block's range need not start at 0
     tile_end = tile_begin + tiles
-    for own1 in _own_ranges(tile_begin, tile_end):
-        for own2 in _own_ranges(tile_begin, tile_end):
-            for _ in range(3):
-                _run(tile_begin, tile_end, own1, own2, stages, rng)
+    for owns in itertools.product(_own_ranges(tile_begin, tile_end), repeat=consumers):
+        for _ in range(3):
+            _run(tile_begin, tile_end, owns, stages, rng)
