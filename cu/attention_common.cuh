@@ -15,6 +15,13 @@ __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u);
 // A window side at or past this many keys is unbounded (the host maps -1 / None to it).
 constexpr int kUnboundedWindow = 1 << 30;
 
+// The hardware's tanh (one MUFU op, relative error about 2^-11).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float t;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(t) : "f"(x));
+  return t;
+}
+
 // Softcap on a *scaled* score: cap * tanh(s / cap); cap == 0 turns it off.
 // Applied before any mask (bool, additive, causal, window).
 // Two ways to take tanh, picked by the operands' precision:
@@ -26,13 +33,6 @@ constexpr int kUnboundedWindow = 1 << 30;
 // - f32 operands (EXACT true), held to 1e-5 of the float64 oracle: 1 - 2 / (e^{2x} + 1) with
 //   one ex2.approx and one fast reciprocal, whose absolute error (a few ulp of 1, times cap) is
 //   ~1e-5 at cap 50. tanhf's ~20 instructions an element are not needed for that.
-// The hardware's tanh (one MUFU op, relative error about 2^-11).
-__device__ __forceinline__ float tanh_approx(float x) {
-  float t;
-  asm("tanh.approx.f32 %0, %1;\n" : "=f"(t) : "f"(x));
-  return t;
-}
-
 template <bool EXACT = false>
 __device__ __forceinline__ float apply_softcap(float s, float cap) {
   if (!(cap > 0.f)) return s;

@@ -1,6 +1,6 @@
 // Warp-specialized variant of flash_fwd_sm90.cu's plain and general kernels (issue 10):
-// Dqk, Dv <= 64 or <= 128 (smaller dims zero-padded, multiples of 8), f16 / bf16, K/V through
-// strides (dense and ragged calls; no paged, no fp8). Plain kernels take calls with no mask,
+// Dqk / Dv 64, 128, 192 / 128 and 256 (smaller dims zero-padded, multiples of 8), f16 / bf16,
+// K/V through strides (dense and ragged calls; no paged, no fp8). Plain kernels take calls with no mask,
 // no softcap and scale > 0; GENERAL ones (the "_general_ws" kernels) the rest, their scores
 // made by general_scores as in flash_fwd_wgmma's general kernels. Same parameters and
 // semantics as those kernels; query blocks of 64 GROUPS rows (grid x). Included by
