@@ -112,6 +112,10 @@ template <int DQK_, int DV_, int KEYS_, int STAGES_, int GROUPS_>
 struct WsPingPongTile : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_> {
   static constexpr bool PINGPONG = true;
   static constexpr int PP_BAR0 = 1;  // consumer g's turn barrier is PP_BAR0 + g - 1 (0: __syncthreads)
+  // 192- and 256-wide producers spill at 40 registers (48 B at 192 / 128, in the copy loop).
+  static constexpr int PRODUCER_REGS = DQK_ > 128 ? 56 : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_>::PRODUCER_REGS;
+  static constexpr int CONSUMER_REGS = DQK_ > 128 ? 224 : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_>::CONSUMER_REGS;
+  static_assert(128 * PRODUCER_REGS + 128 * GROUPS_ * CONSUMER_REGS <= 65536, "the CTA's registers");
 };
 template <int DQK, int DV, int KEYS, int STAGES, int GROUPS, bool PINGPONG>
 struct WsTileFor {

@@ -245,16 +245,20 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
         "flash_fwd_sm90_bf16_d128_general"
     # PTXATTN_SM90_WS=0 (ws=None follows it) gives back the plain wgmma kernel; the dims of
     # sm90_pingpong_dims() (pingpong=None follows it) run the ws kernels' ping-pong twins.
-    for d in (64, 128):
+    # General 192 / 128 and 256 calls have no twin: they keep the ws kernel.
+    for d, dv in ((64, 64), (128, 128), (192, 128), (256, 256)):
         for general in (False, True):
             kind = "_general" * general
             rows = "_m192" * (d == 64 and not general)  # plain D64: three consumers
-            default = (f"flash_fwd_sm90_bf16_d{d}{kind}_ws{rows}" + "_pp" * (d in attention.sm90_pingpong_dims())
-                       if attention.sm90_ws_enabled() else f"flash_fwd_sm90_bf16_d{d}{kind}")
-            assert attention.plan_kernel(ptxattn.bfloat16, d, d, general, True).kernel == default
+            dims = f"d{d}" + f"_{dv}" * (dv != d)
+            twin = d in attention.sm90_pingpong_dims() and (d <= 128 or not general)
+            default = (f"flash_fwd_sm90_bf16_{dims}{kind}_ws{rows}" + "_pp" * twin
+                       if attention.sm90_ws_enabled() else f"flash_fwd_sm90_bf16_{dims}{kind}")
+            assert attention.plan_kernel(ptxattn.bfloat16, d, dv, general, True).kernel == default
 
 
-@pytest.mark.parametrize("value, dims", [(None, {64, 128}), ("", {64, 128}), ("1", {64, 128}), ("0", set())])
+@pytest.mark.parametrize("value, dims", [(None, {64, 128, 192, 256}), ("", {64, 128, 192, 256}),
+                                         ("1", {64, 128, 192, 256}), ("0", set())])
 def test_sm90_pingpong_dims_follow_the_setting(monkeypatch, value, dims):
     if value is None:
         monkeypatch.delenv(attention.SM90_PINGPONG_ENV, raising=False)

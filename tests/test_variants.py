@@ -135,10 +135,10 @@ def test_sm90_ws_tiles():
     assert list(ws)[:2] in ([(64, False), (64, True)], [(64, True), (64, False)])  # smallest first
     assert all(not t.ws for t in sm90_tiles().values())
     assert all(not t.pingpong for t in ws.values())
-    # The ping-pong twins (D64 and D128: at 192 / 128 and 256 they gained nothing, flash_fwd_notes
-    # v10): the same tiles but for the flag, a kernel of their own.
+    # The ping-pong twins (every plain tile; general ones at D64 and D128 only, where the mask
+    # path fits the consumers' registers): the same tiles but for the flag, a kernel of their own.
     pp = sm90_ws_pp_tiles()
-    assert set(pp) == {(dim, general) for dim in (64, 128) for general in (False, True)}
+    assert set(pp) == {(dim, general) for dim in (64, 128) for general in (False, True)} | {(192, False), (256, False)}
     for (dim, general), tile in pp.items():
         assert tile.pingpong and dataclasses.replace(tile, pingpong=False) == ws[dim, general]
         assert tile.kernel("f16") == ws[dim, general].kernel("f16") + "_pp"

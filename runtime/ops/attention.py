@@ -181,8 +181,9 @@ SM90_WS_ENV = "PTXATTN_SM90_WS"
 SM90_PINGPONG_ENV = "PTXATTN_SM90_PINGPONG"
 # Head dims whose warp-specialized calls take the ping-pong twins unless PTXATTN_SM90_PINGPONG
 # says otherwise: D64 gained 18 % on the H200 (cu/flash_fwd_notes.md v5, v6), D128 16-21 % once
-# the producer's full-tile copies stopped taking the consumers' issue slots (v13).
-SM90_PINGPONG_DEFAULT_DIMS = frozenset({64, 128})
+# the producer's full-tile copies stopped taking the consumers' issue slots (v13), Dqk 192 / Dv 128
+# causal 7 % and D256 causal 3 % (v16; D256 non-causal even).
+SM90_PINGPONG_DEFAULT_DIMS = frozenset({64, 128, 192, 256})
 
 
 def _switch_setting(variable: str) -> bool | None:
