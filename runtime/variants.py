@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from . import kernel_names
 from .module import manifest
 
 __all__ = ["TcTile", "SdpaVariant", "Fp8Variant", "Sm90Tile", "DecodeTile", "sdpa_tiles", "sdpa_fp8_variants",
@@ -91,7 +92,7 @@ class SdpaVariant:
         return self.plain.dim_v
 
     def kernel(self, dtype: str, general: bool) -> str:
-        return f"flash_fwd_{dtype}_{self.suffix}{'_general' if general else ''}"
+        return kernel_names.flash_fwd(dtype, self.suffix, general)
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,7 @@ class Fp8Variant:
         return self.tile.dim_qk
 
     def kernel(self, dtype: str) -> str:
-        return f"flash_fwd_{dtype}_{self.suffix}_general_fp8"
+        return kernel_names.flash_fwd(dtype, self.suffix, general=True, fp8=True)
 
 
 @dataclass(frozen=True)
@@ -147,13 +148,8 @@ class Sm90Tile:
     def kernel(self, dtype: str, paged: bool = False) -> str:
         """The entry point for `dtype`; `paged` K/V (a block table) have one of their own, but
         for fp8 K/V (and none for warp-specialized kernels: strided K/V only)."""
-        dims = f"d{self.dim}" + (f"_{self.dim_v}" if self.dim_v != self.dim else "")
-        if self.ws:
-            rows = "" if self.groups == 2 else f"_m{self.rows}"  # query rows a CTA, where not 128
-            return (f"flash_fwd_sm90_{dtype}_{dims}{'_general' if self.general else ''}_ws{rows}"
-                    f"{'_pp' if self.pingpong else ''}")
-        tail = "_fp8" if self.fp8 else "_paged" if paged else ""
-        return f"flash_fwd_sm90_{dtype}_{dims}{'_general' if self.general else ''}{tail}"
+        return kernel_names.flash_fwd_sm90(dtype, self.dim, self.dim_v, self.general, ws=self.ws, groups=self.groups,
+                                           pingpong=self.pingpong, fp8=self.fp8, paged=paged)
 
 
 @dataclass(frozen=True)
@@ -166,7 +162,7 @@ class DecodeTile:
 
     @property
     def kernel(self) -> str:
-        return f"decode_split_{self.dtype}_{self.kv}_d{self.d}" if self.kv else f"decode_split_{self.dtype}_d{self.d}"
+        return kernel_names.decode_split(self.dtype, self.kv, self.d)
 
     @property
     def ctas_per_sm(self) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import filecmp
+import functools
 import hashlib
 import importlib.util
 import json
@@ -33,6 +34,16 @@ CU = ROOT / "cu"
 PTX = ROOT / "ptx"
 COMMON_OPTIONS = ["--std=c++17", "--device-as-default-execution-space"]
 
+
+def _load_kernel_names():
+    """runtime/kernel_names.py as a module of its own (importing the package would load the driver)."""
+    spec = importlib.util.spec_from_file_location("ptxattn_kernel_names", ROOT / "runtime" / "kernel_names.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+names = _load_kernel_names()
 
 # The wheels of the `build` extra: NVRTC and the CUDA headers.
 BUILD_PACKAGES = {"nvidia.cuda_nvrtc": "nvidia-cuda-nvrtc-cu12", "nvidia.cuda_runtime": "nvidia-cuda-runtime-cu12"}
@@ -116,11 +127,10 @@ def c_literal(value) -> str:
 
 def _flash_fwd(info, fp8: bool = False):
     for v in info["variants"]:
-        suffix = v["suffix"] + ("_general" if v["general"] else "") + ("_fp8" if fp8 else "")
         tile = ", ".join(c_literal(v[k]) for k in ("dim_qk", "dim_v", "warps", "m_tiles", "keys", "stages",
                                                    "q_in_regs"))
         for dtype in info["dtypes"]:
-            name = f"flash_fwd_{dtype}_{suffix}"
+            name = names.flash_fwd(dtype, v["suffix"], v["general"], fp8)
             yield f"FLASH_FWD_TC({name}, {C_TYPES[dtype]}, {c_literal(v['general'])}, {c_literal(fp8)}, {tile})", [name]
 
 
@@ -128,42 +138,38 @@ def _flash_fwd_sm90(info):
     for v in info["variants"]:
         fp8 = v.get("fp8", False)
         dim_v, keys = v.get("dim_v", v["dim"]), v.get("keys", 128)  # Dv (default Dqk = dim), keys a K/V tile
-        # Every kernel's name starts flash_fwd_sm90_<dtype>_d<dim>[_<dim_v>][_general].
-        kind = f"d{v['dim']}" + (f"_{dim_v}" if dim_v != v["dim"] else "") + ("_general" if v["general"] else "")
         for dtype in info["dtypes"]:
-            stem = f"flash_fwd_sm90_{dtype}_{kind}"
+            name = functools.partial(names.flash_fwd_sm90, dtype, v["dim"], dim_v, v["general"])
             if v.get("ws", False):  # warp-specialized kernel: `groups` consumers, `stages` K/V stages
                 pingpong = v.get("pingpong", False)  # the consumers take turns on the tensor cores
-                rows = "" if v["groups"] == 2 else f"_m{64 * v['groups']}"  # query rows a CTA, where not 128
-                name = f"{stem}_ws{rows}{'_pp' if pingpong else ''}"
-                yield (f"FLASH_FWD_SM90_WS({name}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {keys}, {v['stages']}, "
-                       f"{v['groups']}, {c_literal(pingpong)}, {c_literal(v['general'])})", [name])
+                ws = name(ws=True, groups=v["groups"], pingpong=pingpong)
+                yield (f"FLASH_FWD_SM90_WS({ws}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {keys}, {v['stages']}, "
+                       f"{v['groups']}, {c_literal(pingpong)}, {c_literal(v['general'])})", [ws])
             elif fp8:
-                name = f"{stem}_fp8"
-                yield f"FLASH_FWD_SM90_FP8({name}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, " \
-                      f"{c_literal(v['general'])})", [name]
-            else:
-                yield (f"FLASH_FWD_SM90({stem}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {v['groups']}, {keys}, "
-                       f"{c_literal(v['general'])})", [stem, f"{stem}_paged"])
+                yield f"FLASH_FWD_SM90_FP8({name(fp8=True)}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, " \
+                      f"{c_literal(v['general'])})", [name(fp8=True)]
+            else:  # one definition, two entry points: strided and paged K/V
+                yield (f"FLASH_FWD_SM90({name()}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {v['groups']}, {keys}, "
+                       f"{c_literal(v['general'])})", [name(), name(paged=True)])
 
 
 def _decode(info):
     for v in info["variants"]:
         kv = v.get("kv")  # an fp8 cache type, else the cache holds q's dtype
-        name = f"decode_split_{v['dtype']}_{kv}_d{v['d']}" if kv else f"decode_split_{v['dtype']}_d{v['d']}"
+        name = names.decode_split(v["dtype"], kv, v["d"])
         kv_type = FP8_C_TYPES[kv] if kv else C_TYPES[v["dtype"]]
         yield f"PTXATTN_DECODE_VARIANT({name}, {C_TYPES[v['dtype']]}, {kv_type}, {v['d']})", [name]
 
 
 def _merge(info):
     for v in info["variants"]:
-        name = f"merge_{v['in']}_{v['out']}"
+        name = names.merge(v["in"], v["out"])
         yield f"PTXATTN_MERGE_VARIANT({name}, {C_TYPES[v['in']]}, {C_TYPES[v['out']]})", [name]
 
 
 def _kv_cache(info):
     for v in info["variants"]:
-        name = f"kv_append_quant_{v['src']}_{v['kv']}"
+        name = names.kv_append_quant(v["src"], v["kv"])
         yield f"PTXATTN_KV_QUANT_VARIANT({name}, {C_TYPES[v['src']]}, {v['kv']})", [name]
 
 
@@ -171,7 +177,7 @@ def _softmax(info):
     for v in info["variants"]:
         dtype = v["dtype"]
         yield (f"PTXATTN_SOFTMAX_KERNELS({dtype}, {C_TYPES[dtype]})",
-               [f"softmax_{kind}_{dtype}" for kind in ("rows_warp", "rows_block", "cols")])
+               [names.softmax(kind, dtype) for kind in ("rows_warp", "rows_block", "cols")])
 
 
 VARIANT_LINES = {"flash_fwd": _flash_fwd, "flash_fwd_fp8": lambda info: _flash_fwd(info, fp8=True),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import kernel_names
 from ..array import DeviceArray
 from ..faults import fault_buffer
 from ..module import ParamStruct
@@ -150,7 +151,7 @@ def check_append_dtypes(op: str, a: dict, caches: tuple[str, str], layouts: tupl
             raise TypeError(f"{op}: k_new must be {' or '.join(map(str, sources))} (quantized on append) or "
                             f"{caches[0]}'s {cache_dtype}, got {new_dtype}")
         check_same_dtype(op, "v_new", a["v_new"], "k_new", a["k_new"])
-        kernel = f"kv_append_quant_{ATTENTION_DTYPES[new_dtype]}_{fp8}"
+        kernel = kernel_names.kv_append_quant(ATTENTION_DTYPES[new_dtype], fp8)
     else:
         check_same_dtype(op, "k_new", a["k_new"], caches[0], a[caches[0]])
         check_same_dtype(op, "v_new", a["v_new"], caches[1], a[caches[1]])

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import kernel_names
 from ..array import DeviceArray
 from ..module import ParamStruct
 from .checks import (ATTENTION_DTYPES, check_attention_dtype, check_output, check_rank, check_sinks,
@@ -52,7 +53,7 @@ def bind_merge(binding, *, in_dtype, out_dtype, o_in_strides, lse_in_strides, sh
         None, None, None, None, None, *o_in_strides, *lse_in_strides, *o_out_strides, *lse_out_strides,
         batch, heads, seq, dim, num_states,
     )
-    name = f"merge_{ATTENTION_DTYPES[np.dtype(in_dtype)]}_{ATTENTION_DTYPES[np.dtype(out_dtype)]}"
+    name = kernel_names.merge(ATTENTION_DTYPES[np.dtype(in_dtype)], ATTENTION_DTYPES[np.dtype(out_dtype)])
     return binding.launch(name, (rows, 1, 1), (THREADS, 1, 1), params, programmatic=programmatic)
 
 

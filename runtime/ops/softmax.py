@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import kernel_names
 from ..array import DeviceArray
 from ..dtypes import bfloat16
 from ..module import ParamStruct
@@ -123,7 +124,7 @@ def _bind(log: bool, binding, a: dict, axis: int, _axis_option) -> None:
     inner = int(np.prod(shape[axis + 1:], dtype=np.int64))
     p = plan(outer, shape[axis], inner)
     params = SoftmaxParams(x.ptr, 0, outer, shape[axis], inner, int(log), p.lanes_per_row)
-    launch = binding.launch(f"softmax_{p.kernel}_{_KERNEL_SUFFIX[x.dtype]}", p.grid, p.block, params)
+    launch = binding.launch(kernel_names.softmax(p.kernel, _KERNEL_SUFFIX[x.dtype]), p.grid, p.block, params)
     binding.point("x", launch, "x")
     binding.point("out", launch, "y")
 
