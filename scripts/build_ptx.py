@@ -43,7 +43,7 @@ def _load_kernel_names():
     return module
 
 
-names = _load_kernel_names()
+kernel_names = _load_kernel_names()
 
 # The wheels of the `build` extra: NVRTC and the CUDA headers.
 BUILD_PACKAGES = {"nvidia.cuda_nvrtc": "nvidia-cuda-nvrtc-cu12", "nvidia.cuda_runtime": "nvidia-cuda-runtime-cu12"}
@@ -130,7 +130,7 @@ def _flash_fwd(info, fp8: bool = False):
         tile = ", ".join(c_literal(v[k]) for k in ("dim_qk", "dim_v", "warps", "m_tiles", "keys", "stages",
                                                    "q_in_regs"))
         for dtype in info["dtypes"]:
-            name = names.flash_fwd(dtype, v["suffix"], v["general"], fp8)
+            name = kernel_names.flash_fwd(dtype, v["suffix"], v["general"], fp8)
             yield f"FLASH_FWD_TC({name}, {C_TYPES[dtype]}, {c_literal(v['general'])}, {c_literal(fp8)}, {tile})", [name]
 
 
@@ -139,7 +139,7 @@ def _flash_fwd_sm90(info):
         fp8 = v.get("fp8", False)
         dim_v, keys = v.get("dim_v", v["dim"]), v.get("keys", 128)  # Dv (default Dqk = dim), keys a K/V tile
         for dtype in info["dtypes"]:
-            name = functools.partial(names.flash_fwd_sm90, dtype, v["dim"], dim_v, v["general"])
+            name = functools.partial(kernel_names.flash_fwd_sm90, dtype, v["dim"], dim_v, v["general"])
             if v.get("ws", False):  # warp-specialized kernel: `groups` consumers, `stages` K/V stages
                 pingpong = v.get("pingpong", False)  # the consumers take turns on the tensor cores
                 ws = name(ws=True, groups=v["groups"], pingpong=pingpong)
@@ -156,20 +156,20 @@ def _flash_fwd_sm90(info):
 def _decode(info):
     for v in info["variants"]:
         kv = v.get("kv")  # an fp8 cache type, else the cache holds q's dtype
-        name = names.decode_split(v["dtype"], kv, v["d"])
+        name = kernel_names.decode_split(v["dtype"], kv, v["d"])
         kv_type = FP8_C_TYPES[kv] if kv else C_TYPES[v["dtype"]]
         yield f"PTXATTN_DECODE_VARIANT({name}, {C_TYPES[v['dtype']]}, {kv_type}, {v['d']})", [name]
 
 
 def _merge(info):
     for v in info["variants"]:
-        name = names.merge(v["in"], v["out"])
+        name = kernel_names.merge(v["in"], v["out"])
         yield f"PTXATTN_MERGE_VARIANT({name}, {C_TYPES[v['in']]}, {C_TYPES[v['out']]})", [name]
 
 
 def _kv_cache(info):
     for v in info["variants"]:
-        name = names.kv_append_quant(v["src"], v["kv"])
+        name = kernel_names.kv_append_quant(v["src"], v["kv"])
         yield f"PTXATTN_KV_QUANT_VARIANT({name}, {C_TYPES[v['src']]}, {v['kv']})", [name]
 
 
@@ -177,7 +177,7 @@ def _softmax(info):
     for v in info["variants"]:
         dtype = v["dtype"]
         yield (f"PTXATTN_SOFTMAX_KERNELS({dtype}, {C_TYPES[dtype]})",
-               [names.softmax(kind, dtype) for kind in ("rows_warp", "rows_block", "cols")])
+               [kernel_names.softmax(kind, dtype) for kind in ("rows_warp", "rows_block", "cols")])
 
 
 VARIANT_LINES = {"flash_fwd": _flash_fwd, "flash_fwd_fp8": lambda info: _flash_fwd(info, fp8=True),
