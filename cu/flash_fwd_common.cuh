@@ -337,11 +337,14 @@ __device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int 
   }
 }
 
-// The general kernels' exponent multiplier (online softmax: exp2(s * mul - max)): 1 where
-// general_scores makes base-2 logits, cap * log2 e for a softcap call without a mask, whose
-// scores it leaves as tanh(dot * scale / cap) (the softmax's one FFMA then does the two
-// multiplies a score that base-2 logits cost there).
-__device__ __forceinline__ float general_mul(const FlashFwdParams& p) {
+// The online softmax's exponent multiplier (exp2(s * mul - max)). Plain kernels' scores are
+// raw dot products: scale * log2 e. GENERAL kernels take general_scores' units: 1 where it
+// makes base-2 logits, cap * log2 e for a softcap call without a mask, whose scores it leaves
+// as tanh(dot * scale / cap) (the softmax's one FFMA then does the two multiplies a score
+// that base-2 logits cost there).
+template <bool GENERAL>
+__device__ __forceinline__ float softmax_mul(const FlashFwdParams& p) {
+  if (!GENERAL) return p.scale * kLog2e;
   return p.softcap > 0.f && p.mask_kind == MASK_NONE ? p.softcap * kLog2e : 1.f;
 }
 
@@ -349,7 +352,7 @@ __device__ __forceinline__ float general_mul(const FlashFwdParams& p) {
 // (s[4j + 2r + c] is row row0 + 8r, key col0 + 8j + c) become base-2 logits,
 // softcap(dot * scale) * log2 e plus the mask's bias, as score_log2 makes them but with the
 // branches on the call's options taken once a tile; or, for a softcap call without a mask,
-// tanh(dot * scale / cap) (see general_mul). Keys outside the causal/window range or past Skv
+// tanh(dot * scale / cap) (see softmax_mul). Keys outside the causal/window range or past Skv
 // are left for the caller to cut.
 template <int N8>
 __device__ __forceinline__ void general_scores(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,
@@ -359,7 +362,7 @@ __device__ __forceinline__ void general_scores(float* s, const FlashFwdParams& p
     const float to_tanh = scale / cap;
 #pragma unroll
     for (int i = 0; i < 4 * N8; ++i) s[i] = tanh_approx(s[i] * to_tanh);
-    if (p.mask_kind == MASK_NONE) return;  // the softmax's general_mul takes them from here
+    if (p.mask_kind == MASK_NONE) return;  // the softmax's softmax_mul takes them from here
     const float to_log2 = cap * kLog2e;
 #pragma unroll
     for (int i = 0; i < 4 * N8; ++i) s[i] *= to_log2;

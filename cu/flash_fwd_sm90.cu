@@ -603,9 +603,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
 #pragma unroll
   for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
   float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
-  // The exponent's multiplier: scores are raw dot products in plain kernels; general ones
-  // take general_scores' units.
-  const float mul = GENERAL ? general_mul(p) : p.scale * kLog2e;
+  const float mul = softmax_mul<GENERAL>(p);
 
   if (tile_begin < tile_end) {
     const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +

@@ -259,9 +259,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 #pragma unroll
     for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
     float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
-    // The exponent's multiplier: scores are raw dot products in plain kernels; general ones
-    // take general_scores' units.
-    const float mul = GENERAL ? general_mul(p) : p.scale * kLog2e;
+    const float mul = softmax_mul<GENERAL>(p);
     // S(t) as it comes out of the tensor cores -> the scores the softmax takes.
     auto make_scores = [&](float (&s)[KEYS / 2], int t) {
       if constexpr (GENERAL)

@@ -189,9 +189,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
     row_max[mt][0] = row_max[mt][1] = neg_inf();
     row_sum[mt][0] = row_sum[mt][1] = 0.f;
   }
-  // The exponent's multiplier: scores are raw dot products in plain kernels; general ones
-  // take general_scores' units.
-  const float mul = GENERAL ? general_mul(p) : p.scale * kLog2e;
+  const float mul = softmax_mul<GENERAL>(p);
 
   if (tile_begin < tile_end) {
     load_tile<T, BR, DQK, NT>(sq, gq, p.q_seq_stride, rows, p.dim_qk, vector_io, tid);
