@@ -43,12 +43,13 @@ struct TileGeometry {
   static constexpr int Q_BYTES = Q_HALF * (DQK / 64);
   static constexpr int K_BYTES = KV_HALF * (DQK / 64), V_BYTES = KV_HALF * (DV / 64);
   static_assert(DQK % 64 == 0 && DQK <= 256 && (DV == 64 || DV == 128 || DV == 256), "head dims");
-  static_assert(KEYS == 64 || KEYS == 128, "S is m64n64 or m64n128");
+  static_assert(KEYS == 64 || KEYS == 80 || KEYS == 128, "S is m64n64, m64n80 or m64n128");
 };
 
-// One variant: GROUPS warpgroups of 64 query rows, KEYS keys a K/V tile (128, or 64 where
-// two 128-key stages do not fit beside Q). Calls with smaller head dims run the smallest
-// variant that holds them, their columns zero-padded in shared memory (dim_qk / dim_v).
+// One variant: GROUPS warpgroups of 64 query rows, KEYS keys a K/V tile (128, or 80 / 64 where
+// two 128-key stages do not fit beside Q: D256's plain kernels take 80, its general ones 64,
+// where 80 spills). Calls with smaller head dims run the smallest variant that holds them,
+// their columns zero-padded in shared memory (dim_qk / dim_v).
 // Shared memory holds Q, then two stages of (K, V); its base is rounded up to 1024 bytes.
 template <int DQK_, int DV_, int GROUPS_, int KEYS_>
 struct Sm90Tile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
@@ -57,7 +58,8 @@ struct Sm90Tile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static constexpr int THREADS = 128 * GROUPS;
   static constexpr int SHARED = Geometry::Q_BYTES + 2 * (Geometry::K_BYTES + Geometry::V_BYTES) + 1024;
   static constexpr int FP8_STAGING = 2 * KEYS_ * DQK_;  // fp8 kernels: the next tile's K and V bytes, after the rest
-  static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
+  // ptxas -v reports 1 KB of static shared memory for these kernels (and the ws ones).
+  static_assert(SHARED <= 227 * 1024 - 1024, "sm_90 opt-in shared memory per block, less static");
 };
 
 // ---- wgmma wrappers ----------------------------------------------------------------
@@ -89,7 +91,7 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 // Shared memory written through the generic proxy (cp.async) before wgmma reads it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Accumulator operands of m64n128 (64 fp32 a thread) and m64n64 (32) wgmma.
+// Accumulator operands of m64n128 (64 fp32 a thread), m64n80 (40) and m64n64 (32) wgmma.
 #define PTXATTN_REGS64 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
@@ -107,6 +109,18 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define PTXATTN_REGS40 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
+  "%36, %37, %38, %39}"
+#define PTXATTN_OUTS40 \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
+  "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
+  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
+  "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
+  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
+  "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
+  "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
 #define PTXATTN_REGS32 \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -129,8 +143,12 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 template <class T, int R>
 __device__ __forceinline__ void wgmma_ss(float (&d)[R], unsigned long long a_desc,
                                          unsigned long long b_desc, int accumulate) {
-  static_assert(R == 64 || R == 32, "m64n128 or m64n64");
-  if constexpr (R == 64 && is_bf16<T>) {
+  static_assert(R == 64 || R == 40 || R == 32, "m64n128, m64n80 or m64n64");
+  if constexpr (R == 40 && is_bf16<T>) {
+    PTXATTN_WGMMA_SS(80, "bf16", PTXATTN_REGS40, PTXATTN_OUTS40, "%40, %41", "%42");
+  } else if constexpr (R == 40) {
+    PTXATTN_WGMMA_SS(80, "f16", PTXATTN_REGS40, PTXATTN_OUTS40, "%40, %41", "%42");
+  } else if constexpr (R == 64 && is_bf16<T>) {
     PTXATTN_WGMMA_SS(128, "bf16", PTXATTN_REGS64, PTXATTN_OUTS64, "%64, %65", "%66");
   } else if constexpr (R == 64) {
     PTXATTN_WGMMA_SS(128, "f16", PTXATTN_REGS64, PTXATTN_OUTS64, "%64, %65", "%66");

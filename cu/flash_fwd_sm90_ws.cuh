@@ -97,7 +97,7 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static_assert(CONSUMERS == 2 || CONSUMERS == 3, "two or three consumers");
   static constexpr int PRODUCER_UNROLL = 4;  // copies a producer thread's loop issues unrolled
   static_assert(STAGES >= 2, "the consumers hold two stages at once");
-  static_assert(SHARED <= 227 * 1024 - 4096, "sm_90 opt-in shared memory per block, less static");
+  static_assert(SHARED <= 227 * 1024 - 1024, "sm_90 opt-in shared memory per block, less 1 KB static");
   // setmaxnreg only moves registers within those the CTA was launched with (its threads at the
   // launch-bounds cap, 65536 / THREADS rounded down to 8): asking for more hangs setmaxnreg.inc
   // (48 / 232, within the SM's 65536 but over the CTA's 64512, hung on the H200).

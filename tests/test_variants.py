@@ -50,13 +50,17 @@ def test_sdpa_tiles_smallest_first_and_their_sizes():
     assert all(t.shared_bytes <= 99 * 1024 for v in tiles.values() for t in (v.plain, v.general))
 
 
+# sm_90's 227 KB a block, less the 1 KB of static shared memory ptxas reports for the wgmma kernels.
+SM90_DYNAMIC_SHARED_MAX = 227 * 1024 - 1024
+
+
 def test_sm90_tiles_and_their_sizes():
     tiles = {}
     for general in (False, True):
         tiles |= {(64, 64, general): Sm90Tile(64, 64, 2 if general else 3, general=general),
                   (128, 128, general): Sm90Tile(128, 128, 2 if general else 3, general=general),
                   (192, 128, general): Sm90Tile(192, 128, 2, general=general),
-                  (256, 256, general): Sm90Tile(256, 256, 2, keys=64, general=general)}
+                  (256, 256, general): Sm90Tile(256, 256, 2, keys=64 if general else 80, general=general)}
     assert sm90_tiles() == tiles
     assert list(sm90_tiles()) == sorted(sm90_tiles(), key=lambda key: key[:2])  # smallest first
     tile = sm90_tiles()[128, 128, False]
@@ -66,7 +70,7 @@ def test_sm90_tiles_and_their_sizes():
     assert (general.rows, general.threads, general.shared_bytes) == (128, 256, 2 * 128 * (128 + 4 * 128) + 1024)
     assert sm90_tiles()[192, 128, True].kernel("f16") == "flash_fwd_sm90_f16_d192_128_general"
     for tile in sm90_tiles().values():
-        assert tile.shared_bytes <= 227 * 1024 - 4096, tile
+        assert tile.shared_bytes <= SM90_DYNAMIC_SHARED_MAX, tile
 
 
 def test_fp8_sdpa_tiles():
@@ -123,10 +127,10 @@ def test_sm90_ws_tiles():
         assert tile.ws and tile.general == general and not tile.fp8 and tile.dim_v == dims[dim]
         groups = 3 if (dim, general) == (64, False) else 2
         assert (tile.groups, tile.rows, tile.threads) == (groups, 64 * groups, 128 * (groups + 1))
-        assert tile.keys == (64 if dim == 256 else 128)
+        assert tile.keys == ((64 if general else 80) if dim == 256 else 128)  # 80 spills in general D256
         assert tile.stages == (3 if dim == 64 else 2)
         assert tile.shared_bytes == 2 * (dim * tile.rows + tile.stages * tile.keys * (dim + tile.dim_v)) + 1024
-        assert tile.shared_bytes <= 227 * 1024 - 4096
+        assert tile.shared_bytes <= SM90_DYNAMIC_SHARED_MAX
         dims_name = f"d{dim}" + (f"_{tile.dim_v}" if tile.dim_v != dim else "")
         rows = "_m192" * (groups == 3)
         assert tile.kernel("bf16") == f"flash_fwd_sm90_bf16_{dims_name}{'_general' * general}_ws{rows}"
