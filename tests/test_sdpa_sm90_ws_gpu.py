@@ -84,7 +84,7 @@ CASES = [
     Case(F16, 1, 8, 2, 1500, 1500, 64, 64, causal=True, align="bottom_right", mask="bhqk", mask_dtype=F16),
     Case(BF16, 1, 2, 2, 300, 130, 128, 128, causal=True, scale=0.0),        # rows with no key, scale 0
     Case(F16, 1, 4, 4, 333, 444, 40, 40, mask="k", mask_dtype=BF16, sinks=True),
-    # The larger head dims: Dqk 192 / Dv 128 (128-key tiles) and 256 (64-key tiles), plain and
+    # The larger head dims: Dqk 192 / Dv 128 (128-key tiles) and 256 (80-key tiles, general 64), plain and
     # general, and dims zero-padded into them.
     Case(BF16, 2, 4, 2, 1025, 1025, 256, 256, causal=True),
     Case(F16, 1, 4, 4, 300, 777, 256, 256, sinks=True),
