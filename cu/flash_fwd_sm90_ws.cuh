@@ -5,7 +5,8 @@
 // made by general_scores as in flash_fwd_wgmma's general kernels. Same parameters and
 // semantics as those kernels; query blocks of 64 GROUPS rows (grid x). Included by
 // flash_fwd_sm90.cu after the per-tile steps it shares with flash_fwd_wgmma (issue_qk,
-// general_scores, cut_keys, online_softmax, pack_p, issue_pv, store_rows).
+// general_scores, cut_keys, online_softmax, pack_p, issue_pv; finish_row and store_lse from
+// flash_fwd_common.cuh for its own epilogue, store_rows_staged).
 //
 // A CTA is 1 + GROUPS warpgroups: warpgroup 0 the producer, 1 .. GROUPS consumers of 64 query
 // rows each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer
@@ -56,8 +57,9 @@
 // nothing otherwise (a passed tile, or no tile of its own at all, is an empty turn). A turn is
 //   wait on my named barrier (bar.sync id(g), 256); issue; arrive on the next consumer's
 //   (bar.arrive id(next(g)), 256), next(g) = g % GROUPS + 1
-// with id(g) = Tile::PP_BAR0 + g - 1 (ids 1 .. GROUPS: id 0 is __syncthreads'; the kernel uses
-// no other named barrier), so the issue order is c1(t0), c2(t0), .., c1(t0+1), c2(t0+1), ..
+// with id(g) = Tile::PP_BAR0 + g - 1 (ids 1 .. GROUPS: id 0 is __syncthreads'; the only other
+// named barriers are the epilogue's, STORE_BAR0 + g - 1, one warpgroup's 128 threads each),
+// so the issue order is c1(t0), c2(t0), .., c1(t0+1), c2(t0+1), ..
 // Consumer 1 skips the wait of its first turn and the last consumer the arrival of its last:
 // each barrier then sees exactly as many bar.sync warpgroups as bar.arrive ones (barrier 1:
 // N - 1 each, the others N each, N turns), and no barrier can complete on arrivals alone (an
@@ -104,6 +106,9 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
                 "the CTA's registers");
   static constexpr bool PINGPONG = false;
+  // Consumer g's epilogue barrier (store_rows_staged) is STORE_BAR0 + g - 1: after the
+  // ping-pong turns' ids 1 .. 3 (0: __syncthreads).
+  static constexpr int STORE_BAR0 = 4;
 };
 
 // The same variant with the consumers' ping-pong (a tile type of its own rather than a
@@ -179,6 +184,46 @@ __device__ __forceinline__ void produce_tile(unsigned dst, const T* g, long long
     load_full_tile<T, ROWS, D, 128>(dst, g, row_stride);
   else
     load_tile<T, ROWS, D, 128, UNROLL>(dst, g, row_stride, rows_valid, cols);
+}
+
+// The consumer's epilogue through shared memory: its 64 rows, normalised and rounded to T as
+// store_rows does, go into its own rows of the Q tile (q_group: free once its last wgmma was
+// waited for, and DV <= DQK) in Q's swizzled layout, then out as 16-byte stores, consecutive
+// threads along a row, where store_rows' 4-byte stores spread over 8 rows a warp. Outputs and
+// LSE bit-identical to store_rows'; ws kernels run only where 16-byte output stores are safe
+// (the plan's vector_io, dim_v a multiple of 8).
+template <class T, class Tile>
+__device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const TileRef& st, int h,
+                                                  const float (&o)[Tile::DV / 2], const float (&row_max)[2],
+                                                  const float (&row_sum)[2], unsigned q_group, int group_row0,
+                                                  int my_row, int lane, unsigned barrier) {
+  constexpr int DV = Tile::DV, CHUNKS = DV / 8;  // 16-byte chunks an output row
+  static_assert(DV <= Tile::DQK, "O's rows fit in the warpgroup's rows of Q");
+  const int seq_q = st.seq_q(), b = st.b();
+  const long long q_tok0 = st.q_tok0();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float sum = row_sum[r];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int row = my_row + 8 * r;
+    const RowResult res = row < seq_q ? finish_row(p, h, row_max[r], sum) : RowResult{0.f, 0.f};
+    if (row < seq_q && p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
+#pragma unroll
+    for (int j = 0; j < DV / 8; ++j) {
+      const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
+      const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
+      st_shared_4(q_group + sw128_offset<Tile::ROWS>(row - group_row0, j) + 4 * (lane & 3), pack2<T>(lo, hi));
+    }
+  }
+  named_bar_sync(barrier, 128);
+  T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (q_tok0 + group_row0) * p.o_seq_stride;
+#pragma unroll
+  for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
+    const int chunk = i * 128 + (threadIdx.x & 127), r = chunk / CHUNKS, c = chunk % CHUNKS;
+    if (group_row0 + r < seq_q && c * 8 < p.dim_v)
+      *reinterpret_cast<uint4*>(go + r * p.o_seq_stride + c * 8) = ld_shared_16(q_group + sw128_offset<Tile::ROWS>(r, c));
+  }
 }
 
 template <class T, class Tile, bool GENERAL>
@@ -362,7 +407,10 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       empty_turn(t + 1);
     }
 
-    store_rows<T, DV>(p, st, h, o, row_max, row_sum, my_row, lane);
+    // A consumer with no tile of its own never waited for Q, whose copies land in its rows too.
+    if (my_begin >= my_end && tile_begin < tile_end) mbar_wait(q_full, 0);
+    store_rows_staged<T, Tile>(p, st, h, o, row_max, row_sum, q_addr + (role - 1) * 64 * 128, group_row0, my_row,
+                               lane, Tile::STORE_BAR0 + role - 1);
   }
 }
 

@@ -11,10 +11,13 @@ __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
   return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
 }
 
-// 16 bytes to / from a shared-window byte address.
+// 16 bytes to / from a shared-window byte address (and 4 bytes to one).
 __device__ __forceinline__ void st_shared_16(unsigned smem_addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
+}
+__device__ __forceinline__ void st_shared_4(unsigned smem_addr, unsigned v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(v) : "memory");
 }
 __device__ __forceinline__ uint4 ld_shared_16(unsigned smem_addr) {
   uint4 v;
