@@ -48,7 +48,7 @@ struct TileGeometry {
 
 // One variant: GROUPS warpgroups of 64 query rows, KEYS keys a K/V tile (128, or 80 / 64 where
 // two 128-key stages do not fit beside Q: D256's plain kernels take 80, its general ones 64,
-// where 80 spills). Calls with smaller head dims run the smallest variant that holds them,
+// as the general ws kernel spilled 248 B at 80). Calls with smaller head dims run the smallest variant that holds them,
 // their columns zero-padded in shared memory (dim_qk / dim_v).
 // Shared memory holds Q, then two stages of (K, V); its base is rounded up to 1024 bytes.
 template <int DQK_, int DV_, int GROUPS_, int KEYS_>
