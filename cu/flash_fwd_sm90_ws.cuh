@@ -106,9 +106,10 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
                 "the CTA's registers");
   static constexpr bool PINGPONG = false;
-  // Consumer g's epilogue barrier (store_rows_staged) is STORE_BAR0 + g - 1: after the
-  // ping-pong turns' ids 1 .. 3 (0: __syncthreads).
-  static constexpr int STORE_BAR0 = 4;
+  // Named barriers (0 is __syncthreads'): consumer g's ping-pong turns (WsPingPongTile) are
+  // PP_BAR0 + g - 1, its epilogue's (store_rows_staged) STORE_BAR0 + g - 1.
+  static constexpr int PP_BAR0 = 1, STORE_BAR0 = PP_BAR0 + 3;
+  static_assert(STORE_BAR0 >= PP_BAR0 + CONSUMERS, "the epilogue's barriers follow the turns'");
 };
 
 // The same variant with the consumers' ping-pong (a tile type of its own rather than a
@@ -116,7 +117,6 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
 template <int DQK_, int DV_, int KEYS_, int STAGES_, int GROUPS_>
 struct WsPingPongTile : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_> {
   static constexpr bool PINGPONG = true;
-  static constexpr int PP_BAR0 = 1;  // consumer g's turn barrier is PP_BAR0 + g - 1 (0: __syncthreads)
   // 192- and 256-wide producers spill at 40 registers (48 B at 192 / 128, in the copy loop).
   static constexpr int PRODUCER_REGS = DQK_ > 128 ? 56 : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_>::PRODUCER_REGS;
   static constexpr int CONSUMER_REGS = DQK_ > 128 ? 224 : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_>::CONSUMER_REGS;
