@@ -408,6 +408,13 @@ __device__ __forceinline__ void store_lse(const FlashFwdParams& p, int b, long l
   p.lse[b * p.lse_batch_stride + h * p.lse_head_stride + (q_tok0 + row) * p.lse_seq_stride] = lse;
 }
 
+// A row's total over the four lanes of its quad (fixed xor order: bitwise deterministic). Every
+// lane of the warp must call it (before any lane leaves for a row past the end).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
 // Writes one output row's finished values: o = acc / denom, lse without the sink.
 // A row with no visible key (sum 0) gets o = 0 and lse = -inf, sinks or not.
 struct RowResult {

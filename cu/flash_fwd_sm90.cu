@@ -91,46 +91,37 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 // Shared memory written through the generic proxy (cp.async) before wgmma reads it.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// Accumulator operands of m64n128 (64 fp32 a thread), m64n80 (40) and m64n64 (32) wgmma.
-#define PTXATTN_REGS64 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
-  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, " \
-  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-#define PTXATTN_OUTS64 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
-  "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-  "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-  "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-  "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-  "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), \
-  "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), \
-  "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), \
-  "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-#define PTXATTN_REGS40 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
-  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, " \
-  "%36, %37, %38, %39}"
-#define PTXATTN_OUTS40 \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
-  "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
-  "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
-  "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
-  "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
-  "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), \
-  "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-#define PTXATTN_REGS32 \
-  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
-  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define PTXATTN_OUTS32 \
+// Accumulator operands of m64n128 (64 fp32 a thread), m64n80 (40) and m64n64 (32) wgmma: each
+// list is the first 32, 40 or 64 of d's registers, put together from the pieces below.
+#define PTXATTN_REGS_0_31 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, " \
+  "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define PTXATTN_REGS_32_39 \
+  ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define PTXATTN_REGS_40_63 \
+  ", %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, " \
+  "%58, %59, %60, %61, %62, %63"
+#define PTXATTN_OUTS_0_31 \
   "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), \
   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), \
   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), \
   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), \
   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), \
   "+f"(d[30]), "+f"(d[31])
+#define PTXATTN_OUTS_32_39 \
+  "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), \
+  "+f"(d[38]), "+f"(d[39])
+#define PTXATTN_OUTS_40_63 \
+  "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), \
+  "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), \
+  "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), \
+  "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+#define PTXATTN_REGS32 "{" PTXATTN_REGS_0_31 "}"
+#define PTXATTN_REGS40 "{" PTXATTN_REGS_0_31 PTXATTN_REGS_32_39 "}"
+#define PTXATTN_REGS64 "{" PTXATTN_REGS_0_31 PTXATTN_REGS_32_39 PTXATTN_REGS_40_63 "}"
+#define PTXATTN_OUTS32 PTXATTN_OUTS_0_31
+#define PTXATTN_OUTS40 PTXATTN_OUTS_0_31, PTXATTN_OUTS_32_39
+#define PTXATTN_OUTS64 PTXATTN_OUTS_0_31, PTXATTN_OUTS_32_39, PTXATTN_OUTS_40_63
 
 // d (m64 x nN, fp32) = (accumulate ? d : 0) + A (smem, K-major) * B (smem, K-major),
 // N = 2 * (registers of d); DESCS and FLAG name the descriptors' and accumulate's operands.
@@ -499,6 +490,13 @@ __device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa
   wgmma_commit();
 }
 
+// Columns 8 j + 2 (lane & 3) and the next of accumulator row r (0: my_row, 1: my_row + 8),
+// times inv (exactly 0 for an empty row, whatever O holds).
+template <int N>
+__device__ __forceinline__ float2 normalised_pair(const float (&o)[N], int j, int r, float inv) {
+  return make_float2(inv == 0.f ? 0.f : o[4 * j + 2 * r] * inv, inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * inv);
+}
+
 // Finish: quad-reduce the row sums (fixed xor order), normalise, store this thread's rows
 // my_row and my_row + 8 of head h (their first dim_v columns: D may be padded) and their LSE.
 // A pair of columns is one 4-byte store, or with ANY_ALIGNMENT where p.vector_io is 0 (an
@@ -510,25 +508,22 @@ __device__ __forceinline__ void store_rows(const FlashFwdParams& p, const TileRe
   const long long q_tok0 = st.q_tok0();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(row_sum[r]);
     const int row = my_row + 8 * r;
     if (row >= seq_q) continue;
     const RowResult res = finish_row(p, h, row_max[r], sum);
     T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (q_tok0 + row) * p.o_seq_stride;
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
-      const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
+      const float2 x = normalised_pair(o, j, r, res.inv);
       if (ANY_ALIGNMENT && !p.vector_io) {
         const int col = j * 8 + 2 * (lane & 3);
-        const unsigned pair = pack2<T>(lo, hi);
+        const unsigned pair = pack2<T>(x.x, x.y);
         unsigned short* go16 = reinterpret_cast<unsigned short*>(go);
         if (col < p.dim_v) go16[col] = static_cast<unsigned short>(pair);
         if (col + 1 < p.dim_v) go16[col + 1] = static_cast<unsigned short>(pair >> 16);
       } else if (j * 8 < p.dim_v) {
-        *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(lo, hi);
+        *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(x.x, x.y);
       }
     }
     if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);

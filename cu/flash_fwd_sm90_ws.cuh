@@ -5,8 +5,8 @@
 // made by general_scores as in flash_fwd_wgmma's general kernels. Same parameters and
 // semantics as those kernels; query blocks of 64 GROUPS rows (grid x). Included by
 // flash_fwd_sm90.cu after the per-tile steps it shares with flash_fwd_wgmma (issue_qk,
-// general_scores, cut_keys, online_softmax, pack_p, issue_pv; finish_row and store_lse from
-// flash_fwd_common.cuh for its own epilogue, store_rows_staged).
+// general_scores, cut_keys, online_softmax, pack_p, issue_pv, normalised_pair; quad_sum,
+// finish_row and store_lse from flash_fwd_common.cuh for its own epilogue, store_rows_staged).
 //
 // A CTA is 1 + GROUPS warpgroups: warpgroup 0 the producer, 1 .. GROUPS consumers of 64 query
 // rows each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer
@@ -203,17 +203,14 @@ __device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const
   const long long q_tok0 = st.q_tok0();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float sum = row_sum[r];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(row_sum[r]);
     const int row = my_row + 8 * r;
     const RowResult res = row < seq_q ? finish_row(p, h, row_max[r], sum) : RowResult{0.f, 0.f};
     if (row < seq_q && p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
 #pragma unroll
     for (int j = 0; j < DV / 8; ++j) {
-      const float lo = res.inv == 0.f ? 0.f : o[4 * j + 2 * r] * res.inv;
-      const float hi = res.inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * res.inv;
-      st_shared_4(q_group + sw128_offset<Tile::ROWS>(row - group_row0, j) + 4 * (lane & 3), pack2<T>(lo, hi));
+      const float2 x = normalised_pair(o, j, r, res.inv);
+      st_shared_4(q_group + sw128_offset<Tile::ROWS>(row - group_row0, j) + 4 * (lane & 3), pack2<T>(x.x, x.y));
     }
   }
   named_bar_sync(barrier, 128);

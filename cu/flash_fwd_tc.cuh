@@ -363,9 +363,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float sum = row_sum[mt][r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float sum = quad_sum(row_sum[mt][r]);
       const int row = my_row + 16 * mt + 8 * r;
       if (row >= seq_q) continue;
       const RowResult res = finish_row(p, h, row_max[mt][r], sum);
