@@ -44,6 +44,9 @@ struct TileGeometry {
   static constexpr int K_BYTES = KV_HALF * (DQK / 64), V_BYTES = KV_HALF * (DV / 64);
   static_assert(DQK % 64 == 0 && DQK <= 256 && (DV == 64 || DV == 128 || DV == 256), "head dims");
   static_assert(KEYS == 64 || KEYS == 80 || KEYS == 128, "S is m64n64, m64n80 or m64n128");
+  // At Dv 256 O's rescale is 128 multiplies a thread a tile, against KEYS / 2 exponentials:
+  // there the running max lags (online_softmax's LAZY) and the ws kernels skip most rescales.
+  static constexpr bool LAZY_RESCALE = DV == 256;
 };
 
 // One variant: GROUPS warpgroups of 64 query rows, KEYS keys a K/V tile (128, or 80 / 64 where
@@ -172,6 +175,13 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[R], const unsigned (&a)[4], 
   }
 }
 
+// Named barriers of `count` threads: wait (with an arrival) / arrive without waiting.
+__device__ __forceinline__ void named_bar_sync(unsigned id, unsigned count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(unsigned id, unsigned count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
 // ---- tile loads ------------------------------------------------------------------------
 // Byte offset of 16-byte chunk c of row r in a swizzled [ROWS][D] tile.
 template <int ROWS>
@@ -420,8 +430,10 @@ __device__ __forceinline__ void cut_keys(float (&s)[KEYS / 2], const KeyWindow& 
 
 // Online softmax of one S tile; each row is spread over the 4 lanes of a quad. S becomes P
 // (unrounded), the row maxima and sums move on, and O is rescaled by alpha (RESCALE), or
-// alpha is left for the caller to apply once O's pending P V is done.
-template <int KEYS, int O_REGS, bool RESCALE>
+// alpha is left for the caller to apply once O's pending P V is done. LAZY (FA4's trick): a
+// row's max moves only when the tile passes it by more than 8 (log2 units), so P stays below
+// 2^8 (exact in f16 / bf16 as any P is) and alpha is exactly 1 on most tiles.
+template <int KEYS, int O_REGS, bool RESCALE, bool LAZY>
 __device__ __forceinline__ void online_softmax(float (&s)[KEYS / 2], float (&o)[O_REGS], float (&row_max)[2],
                                                float (&row_sum)[2], float mul, float (&alpha_out)[2]) {
 #pragma unroll
@@ -432,6 +444,7 @@ __device__ __forceinline__ void online_softmax(float (&s)[KEYS / 2], float (&o)[
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     mx = fmaxf(row_max[r], mx * mul);
+    if constexpr (LAZY) mx = mx - row_max[r] > 8.f ? mx : row_max[r];  // -inf - -inf is NaN: keeps -inf
     const float sub = exp_subtrahend(mx);
     const float alpha = exp2_ftz(row_max[r] - sub);
     row_max[r] = mx;
@@ -527,6 +540,44 @@ __device__ __forceinline__ void store_rows(const FlashFwdParams& p, const TileRe
       }
     }
     if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
+  }
+}
+
+// store_rows through shared memory, for a warpgroup's 64 rows: normalised and rounded to T as
+// store_rows does, they go into the warpgroup's own rows of the Q tile (q_group: free once its
+// last wgmma was waited for, and DV <= DQK) in Q's swizzled layout, then out as 16-byte
+// stores, consecutive threads along a row, where store_rows' 4-byte stores spread over 8 rows
+// a warp (flash_fwd_notes v18). `barrier` is a named barrier of the warpgroup's own. Outputs
+// and LSE bit-identical to store_rows'; only where 16-byte output stores are safe (the plan's
+// vector_io: dim_v a multiple of 8 too).
+template <class T, class Tile>
+__device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const TileRef& st, int h,
+                                                  const float (&o)[Tile::DV / 2], const float (&row_max)[2],
+                                                  const float (&row_sum)[2], unsigned q_group, int group_row0,
+                                                  int my_row, int lane, unsigned barrier) {
+  constexpr int DV = Tile::DV, CHUNKS = DV / 8;  // 16-byte chunks an output row
+  static_assert(DV <= Tile::DQK, "O's rows fit in the warpgroup's rows of Q");
+  const int seq_q = st.seq_q(), b = st.b();
+  const long long q_tok0 = st.q_tok0();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float sum = quad_sum(row_sum[r]);
+    const int row = my_row + 8 * r;
+    const RowResult res = row < seq_q ? finish_row(p, h, row_max[r], sum) : RowResult{0.f, 0.f};
+    if (row < seq_q && p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
+#pragma unroll
+    for (int j = 0; j < DV / 8; ++j) {
+      const float2 x = normalised_pair(o, j, r, res.inv);
+      st_shared_4(q_group + sw128_offset<Tile::ROWS>(row - group_row0, j) + 4 * (lane & 3), pack2<T>(x.x, x.y));
+    }
+  }
+  named_bar_sync(barrier, 128);
+  T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (q_tok0 + group_row0) * p.o_seq_stride;
+#pragma unroll
+  for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
+    const int chunk = i * 128 + (threadIdx.x & 127), r = chunk / CHUNKS, c = chunk % CHUNKS;
+    if (group_row0 + r < seq_q && c * 8 < p.dim_v)
+      *reinterpret_cast<uint4*>(go + r * p.o_seq_stride + c * 8) = ld_shared_16(q_group + sw128_offset<Tile::ROWS>(r, c));
   }
 }
 
@@ -675,7 +726,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
       cut_keys<KEYS>(s, win, n0, seq_kv, group_row0, my_row, lane);
 
       float alpha[2];
-      online_softmax<KEYS, O_REGS, true>(s, o, row_max, row_sum, mul, alpha);
+      online_softmax<KEYS, O_REGS, true, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);
 
       if constexpr (FP8) scale_by_key<KEYS / 8>(s, key_scales[stage][1], lane);  // row sums taken: V's scales into P
 
@@ -687,7 +738,11 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
     }
   }
 
-  store_rows<T, DV, ANY_ALIGNMENT>(p, st, h, o, row_max, row_sum, my_row, lane);
+  if (ANY_ALIGNMENT && !p.vector_io)
+    store_rows<T, DV, true>(p, st, h, o, row_max, row_sum, my_row, lane);
+  else
+    store_rows_staged<T, Tile>(p, st, h, o, row_max, row_sum, q_addr + group * 64 * 128, group_row0, my_row, lane,
+                               1 + group);  // the kernel's only named barriers
 }
 
 }  // namespace sm90

@@ -5,8 +5,7 @@
 // made by general_scores as in flash_fwd_wgmma's general kernels. Same parameters and
 // semantics as those kernels; query blocks of 64 GROUPS rows (grid x). Included by
 // flash_fwd_sm90.cu after the per-tile steps it shares with flash_fwd_wgmma (issue_qk,
-// general_scores, cut_keys, online_softmax, pack_p, issue_pv, normalised_pair; quad_sum,
-// finish_row and store_lse from flash_fwd_common.cuh for its own epilogue, store_rows_staged).
+// general_scores, cut_keys, online_softmax, pack_p, issue_pv, store_rows_staged, named_bar_*).
 //
 // A CTA is 1 + GROUPS warpgroups: warpgroup 0 the producer, 1 .. GROUPS consumers of 64 query
 // rows each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer
@@ -163,13 +162,6 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
 }
-// Named barriers of `count` threads: wait (with an arrival) / arrive without waiting.
-__device__ __forceinline__ void named_bar_sync(unsigned id, unsigned count) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-__device__ __forceinline__ void named_bar_arrive(unsigned id, unsigned count) {
-  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -184,43 +176,6 @@ __device__ __forceinline__ void produce_tile(unsigned dst, const T* g, long long
     load_full_tile<T, ROWS, D, 128>(dst, g, row_stride);
   else
     load_tile<T, ROWS, D, 128, UNROLL>(dst, g, row_stride, rows_valid, cols);
-}
-
-// The consumer's epilogue through shared memory: its 64 rows, normalised and rounded to T as
-// store_rows does, go into its own rows of the Q tile (q_group: free once its last wgmma was
-// waited for, and DV <= DQK) in Q's swizzled layout, then out as 16-byte stores, consecutive
-// threads along a row, where store_rows' 4-byte stores spread over 8 rows a warp. Outputs and
-// LSE bit-identical to store_rows'; ws kernels run only where 16-byte output stores are safe
-// (the plan's vector_io, dim_v a multiple of 8).
-template <class T, class Tile>
-__device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const TileRef& st, int h,
-                                                  const float (&o)[Tile::DV / 2], const float (&row_max)[2],
-                                                  const float (&row_sum)[2], unsigned q_group, int group_row0,
-                                                  int my_row, int lane, unsigned barrier) {
-  constexpr int DV = Tile::DV, CHUNKS = DV / 8;  // 16-byte chunks an output row
-  static_assert(DV <= Tile::DQK, "O's rows fit in the warpgroup's rows of Q");
-  const int seq_q = st.seq_q(), b = st.b();
-  const long long q_tok0 = st.q_tok0();
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float sum = quad_sum(row_sum[r]);
-    const int row = my_row + 8 * r;
-    const RowResult res = row < seq_q ? finish_row(p, h, row_max[r], sum) : RowResult{0.f, 0.f};
-    if (row < seq_q && p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
-#pragma unroll
-    for (int j = 0; j < DV / 8; ++j) {
-      const float2 x = normalised_pair(o, j, r, res.inv);
-      st_shared_4(q_group + sw128_offset<Tile::ROWS>(row - group_row0, j) + 4 * (lane & 3), pack2<T>(x.x, x.y));
-    }
-  }
-  named_bar_sync(barrier, 128);
-  T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (q_tok0 + group_row0) * p.o_seq_stride;
-#pragma unroll
-  for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
-    const int chunk = i * 128 + (threadIdx.x & 127), r = chunk / CHUNKS, c = chunk % CHUNKS;
-    if (group_row0 + r < seq_q && c * 8 < p.dim_v)
-      *reinterpret_cast<uint4*>(go + r * p.o_seq_stride + c * 8) = ld_shared_16(q_group + sw128_offset<Tile::ROWS>(r, c));
-  }
 }
 
 template <class T, class Tile, bool GENERAL>
@@ -367,7 +322,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       fence_registers(s);
       release_k(my_begin);
       make_scores(s, my_begin);
-      online_softmax<KEYS, O_REGS, false>(s, o, row_max, row_sum, mul, alpha);  // O is 0: no rescale
+      online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);  // O is 0: no rescale
       pack_p<T, KEYS>(s, pa);
       for (int t = my_begin + 1; t < my_end; ++t) {
         wait_k(t);
@@ -382,11 +337,12 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         fence_registers(s);
         release_k(t);
         make_scores(s, t);
-        online_softmax<KEYS, O_REGS, false>(s, o, row_max, row_sum, mul, alpha);
+        online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);
         wgmma_wait<0>();
         fence_registers(o);
         release_v(t - 1);
-        rescale_o(o, alpha);
+        // O *= 1 changes nothing: with a lagging max a warp skips it when no row's max moved.
+        if (!Tile::LAZY_RESCALE || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o(o, alpha);
         pack_p<T, KEYS>(s, pa);
       }
       wait_v(my_end - 1);

@@ -186,8 +186,8 @@ def _check(case: Case, got_o, got_lse, q, k, v, mask, sinks) -> None:
         np.testing.assert_allclose(got_lse[live], ref_lse[live], rtol=1e-5, atol=LSE_ABS)
 
 
-def _run_device(case: Case, rng):
-    q, k, v, mask, sinks = _inputs(case, rng)
+def _run_device(case: Case, rng, inputs=None):
+    q, k, v, mask, sinks = inputs if inputs is not None else _inputs(case, rng)
     dev = {name: ptxattn.asarray(x) for name, x in (("q", q), ("k", k), ("v", v)) }
     out = GuardedOutput((case.batch, case.hq, case.sq, case.dv), case.dtype, rng)
     result = ptxattn.sdpa(
@@ -205,6 +205,25 @@ CASES = EXPLICIT + _sweep()
 @pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
 def test_sdpa_matches_reference(case, rng):
     o, lse, inputs = _run_device(case, rng)
+    _check(case, o, lse, *inputs)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("d,causal", [(256, True), (256, False), (128, True), (64, False)])
+def test_scores_that_climb_across_key_tiles(dtype, d, causal, rng):
+    """Every row's running max moves again and again, by less and by more than 8 log2 units a
+    step (the lag D256's lazy rescale allows before it moves the max): the keys' scores climb
+    by 3.5 and 7.6 (5 and 11 log2 units) in turn every 40 keys, up to ~140; scale 1."""
+    case = Case(dtype, 1, 4, 2, 300, 1025, d, d, causal=causal, align="bottom_right", scale=1.0)
+    q, k, v, mask, sinks = _inputs(case, rng)
+    steps = np.arange(case.skv) // 40
+    climb = (steps // 2) * (3.5 + 7.6) + (steps % 2) * 3.5
+    q = 0.1 * q.astype(np.float32)
+    q[..., 0] = 1.0
+    k = 0.1 * k.astype(np.float32)
+    k[..., 0] = climb
+    q, k = q.astype(dtype), k.astype(dtype)
+    o, lse, inputs = _run_device(case, rng, (q, k, v, mask, sinks))
     _check(case, o, lse, *inputs)
 
 
