@@ -146,6 +146,24 @@ __device__ __forceinline__ unsigned fp8_pair_to_f16(unsigned x, unsigned selecto
 // __byte_perm selectors: bytes (0, 1), (2, 3), (0, 2), (1, 3) of a register.
 constexpr unsigned kBytes01 = 0x1404u, kBytes23 = 0x3424u, kBytes02 = 0x2404u, kBytes13 = 0x3414u;
 
+// fp8_pair_to_f16 of the pair in half HALF of x (bytes 0, 1 or 2, 3): e4m3 on sm_89+ converts
+// straight from that half (the conversion reads either half of a register), with no byte move.
+template <class KV, int HALF>
+__device__ __forceinline__ unsigned fp8_half_to_f16(unsigned x) {
+#if __CUDA_ARCH__ >= 890
+  if constexpr (kSame<KV, fp8_e4m3>) {
+    unsigned out;
+    if constexpr (HALF == 0) {
+      asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(out) : "r"(x));
+    } else {
+      asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(out) : "r"(x));
+    }
+    return out;
+  }
+#endif
+  return fp8_pair_to_f16<KV>(x, HALF == 0 ? kBytes01 : kBytes23);
+}
+
 // Shared-memory tiles are row-major with 16-byte chunks XOR-swizzled by row (mma.cuh).
 template <class T, int D_TILE>
 __device__ __forceinline__ int tile_offset(int row, int col) {
@@ -325,10 +343,10 @@ __device__ __forceinline__ void load_a_keys_fp8(const unsigned char* block, int 
   ldmatrix_x4(r, smem_u32(block + ln.f8_row * D_TILE + fp8_chunk_offset(ln.f8_x, c)));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    a[h].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes01);
-    a[h].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes01);
-    a[h].r[0][2] = fp8_pair_to_f16<KV>(r[2 * h], kBytes23);
-    a[h].r[0][3] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes23);
+    a[h].r[0][0] = fp8_half_to_f16<KV, 0>(r[2 * h]);
+    a[h].r[0][1] = fp8_half_to_f16<KV, 0>(r[2 * h + 1]);
+    a[h].r[0][2] = fp8_half_to_f16<KV, 1>(r[2 * h]);
+    a[h].r[0][3] = fp8_half_to_f16<KV, 1>(r[2 * h + 1]);
   }
 }
 
