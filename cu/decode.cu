@@ -41,8 +41,8 @@
 // scaled by a power of two per row into f16's range once per CTA (q_tile_for_fp8), the
 // scores unscaled in fp32. A per-(token, kv head) K scale multiplies a key's score in fp32; a
 // per-token V scale multiplies its probability, and P V runs on p * v_scale / R, R the running
-// row maximum of p * v_scale, so the f16 operand stays in [0, 1] whatever the scales (O is
-// kept in units of R, as it is kept in units of the running max). Per-tensor scales are folded
+// row maximum of |p * v_scale|, so the f16 operand stays in [-1, 1] whatever the scales and
+// their signs (O is kept in units of R, as it is kept in units of the running max). Per-tensor scales are folded
 // into `scale` (K) and `v_scale` (V) on the host. The bytes are read with the 16-bit
 // ldmatrix, so a lane receives four consecutive bytes of a key: the queries are permuted once
 // per CTA to match, and O's d come out permuted (undone at the end-of-CTA merge).
@@ -774,7 +774,8 @@ __device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const Fr
     rescale_o(st, corrections);
   } else {
     // P times the keys' V scales (after the sum: l counts P itself), over the running column
-    // maximum r of those products: O is kept in units of r, and the f16 operand in [0, 1].
+    // maximum r of those products' magnitudes: O is kept in units of r, and the f16 operand in
+    // [-1, 1] (a scale may be negative: its keys' values then count with their sign flipped).
     float factor[2], inv[2];
 #pragma unroll
     for (int kt = 0; kt < kTiles; ++kt) scale_by_key(s[kt], scales + kBlockKeys<KV> + kt * kTileKeys, ln);
@@ -782,7 +783,7 @@ __device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const Fr
     for (int c = 0; c < 2; ++c) {
       float top = 0.f;
 #pragma unroll
-      for (int kt = 0; kt < kTiles; ++kt) top = fmaxf(top, fmaxf(s[kt][c], s[kt][c + 2]));
+      for (int kt = 0; kt < kTiles; ++kt) top = fmaxf(top, fmaxf(fabsf(s[kt][c]), fabsf(s[kt][c + 2])));
       top = column_max(top);
       const float r_old = st.r[c] * corrections[c];  // o's unit after this block's new max
       const float r_new = fmaxf(r_old, top);
