@@ -42,10 +42,10 @@
 // scores unscaled in fp32. A per-(token, kv head) K scale multiplies a key's score in fp32; a
 // per-token V scale multiplies its probability, and P V runs on p * v_scale / R, R the running
 // row maximum of |p * v_scale|, so the f16 operand stays in [-1, 1] whatever the scales and
-// their signs (O is kept in units of R, as it is kept in units of the running max). Per-tensor scales are folded
-// into `scale` (K) and `v_scale` (V) on the host. The bytes are read with the 16-bit
-// ldmatrix, so a lane receives four consecutive bytes of a key: the queries are permuted once
-// per CTA to match, and O's d come out permuted (undone at the end-of-CTA merge).
+// their signs (O is kept in units of R, as it is kept in units of the running max). Per-tensor
+// scales are folded into `scale` (K) and `v_scale` (V) on the host. The bytes are read with
+// the 16-bit ldmatrix, so a lane receives four consecutive bytes of a key: the queries are
+// permuted once per CTA to match, and O's d come out permuted (undone at the end-of-CTA merge).
 #include "attention_common.cuh"
 #include "mma.cuh"
 
