@@ -41,11 +41,11 @@
 // scaled by a power of two per row into f16's range once per CTA (q_tile_for_fp8), the
 // scores unscaled in fp32. A per-(token, kv head) K scale multiplies a key's score in fp32; a
 // per-token V scale multiplies its probability, and P V runs on p * v_scale / R, R the running
-// row maximum of p * v_scale, so the f16 operand stays in [0, 1] whatever the scales (O is
-// kept in units of R, as it is kept in units of the running max). Per-tensor scales are folded
-// into `scale` (K) and `v_scale` (V) on the host. The bytes are read with the 16-bit
-// ldmatrix, so a lane receives four consecutive bytes of a key: the queries are permuted once
-// per CTA to match, and O's d come out permuted (undone at the end-of-CTA merge).
+// row maximum of |p * v_scale|, so the f16 operand stays in [-1, 1] whatever the scales and
+// their signs (O is kept in units of R, as it is kept in units of the running max). Per-tensor
+// scales are folded into `scale` (K) and `v_scale` (V) on the host. The bytes are read with
+// the 16-bit ldmatrix, so a lane receives four consecutive bytes of a key: the queries are
+// permuted once per CTA to match, and O's d come out permuted (undone at the end-of-CTA merge).
 #include "attention_common.cuh"
 #include "mma.cuh"
 
@@ -145,6 +145,24 @@ __device__ __forceinline__ unsigned fp8_pair_to_f16(unsigned x, unsigned selecto
 }
 // __byte_perm selectors: bytes (0, 1), (2, 3), (0, 2), (1, 3) of a register.
 constexpr unsigned kBytes01 = 0x1404u, kBytes23 = 0x3424u, kBytes02 = 0x2404u, kBytes13 = 0x3414u;
+
+// fp8_pair_to_f16 of the pair in half HALF of x (bytes 0, 1 or 2, 3): e4m3 on sm_89+ converts
+// straight from that half (the conversion reads either half of a register), with no byte move.
+template <class KV, int HALF>
+__device__ __forceinline__ unsigned fp8_half_to_f16(unsigned x) {
+#if __CUDA_ARCH__ >= 890
+  if constexpr (kSame<KV, fp8_e4m3>) {
+    unsigned out;
+    if constexpr (HALF == 0) {
+      asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;\n}\n" : "=r"(out) : "r"(x));
+    } else {
+      asm("{\n.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;\n}\n" : "=r"(out) : "r"(x));
+    }
+    return out;
+  }
+#endif
+  return fp8_pair_to_f16<KV>(x, HALF == 0 ? kBytes01 : kBytes23);
+}
 
 // Shared-memory tiles are row-major with 16-byte chunks XOR-swizzled by row (mma.cuh).
 template <class T, int D_TILE>
@@ -325,10 +343,10 @@ __device__ __forceinline__ void load_a_keys_fp8(const unsigned char* block, int 
   ldmatrix_x4(r, smem_u32(block + ln.f8_row * D_TILE + fp8_chunk_offset(ln.f8_x, c)));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    a[h].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes01);
-    a[h].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes01);
-    a[h].r[0][2] = fp8_pair_to_f16<KV>(r[2 * h], kBytes23);
-    a[h].r[0][3] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes23);
+    a[h].r[0][0] = fp8_half_to_f16<KV, 0>(r[2 * h]);
+    a[h].r[0][1] = fp8_half_to_f16<KV, 0>(r[2 * h + 1]);
+    a[h].r[0][2] = fp8_half_to_f16<KV, 1>(r[2 * h]);
+    a[h].r[0][3] = fp8_half_to_f16<KV, 1>(r[2 * h + 1]);
   }
 }
 
@@ -756,7 +774,8 @@ __device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const Fr
     rescale_o(st, corrections);
   } else {
     // P times the keys' V scales (after the sum: l counts P itself), over the running column
-    // maximum r of those products: O is kept in units of r, and the f16 operand in [0, 1].
+    // maximum r of those products' magnitudes: O is kept in units of r, and the f16 operand in
+    // [-1, 1] (a scale may be negative: its keys' values then count with their sign flipped).
     float factor[2], inv[2];
 #pragma unroll
     for (int kt = 0; kt < kTiles; ++kt) scale_by_key(s[kt], scales + kBlockKeys<KV> + kt * kTileKeys, ln);
@@ -764,7 +783,7 @@ __device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const Fr
     for (int c = 0; c < 2; ++c) {
       float top = 0.f;
 #pragma unroll
-      for (int kt = 0; kt < kTiles; ++kt) top = fmaxf(top, fmaxf(s[kt][c], s[kt][c + 2]));
+      for (int kt = 0; kt < kTiles; ++kt) top = fmaxf(top, fmaxf(fabsf(s[kt][c]), fabsf(s[kt][c + 2])));
       top = column_max(top);
       const float r_old = st.r[c] * corrections[c];  // o's unit after this block's new max
       const float r_new = fmaxf(r_old, top);

@@ -510,13 +510,14 @@ __device__ __forceinline__ float2 normalised_pair(const float (&o)[N], int j, in
   return make_float2(inv == 0.f ? 0.f : o[4 * j + 2 * r] * inv, inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * inv);
 }
 
-// Finish: quad-reduce the row sums (fixed xor order), normalise, store this thread's rows
-// my_row and my_row + 8 of head h (their first dim_v columns: D may be padded) and their LSE.
-// A pair of columns is one 4-byte store, or with ANY_ALIGNMENT where p.vector_io is 0 (an
-// output off 16 bytes, or dim_v not a multiple of 8) two 2-byte ones.
-template <class T, int D, bool ANY_ALIGNMENT = false>
-__device__ __forceinline__ void store_rows(const FlashFwdParams& p, const TileRef& st, int h, const float (&o)[D / 2],
-                                           const float (&row_max)[2], const float (&row_sum)[2], int my_row, int lane) {
+// Finish where 16-byte output stores are not safe (the plan's vector_io is 0: an output off 16
+// bytes, or dim_v not a multiple of 8): quad-reduce the row sums (fixed xor order), normalise,
+// store this thread's rows my_row and my_row + 8 of head h (their first dim_v columns, two bytes
+// at a time: D may be padded) and their LSE.
+template <class T, int D>
+__device__ __forceinline__ void store_rows_unaligned(const FlashFwdParams& p, const TileRef& st, int h,
+                                                     const float (&o)[D / 2], const float (&row_max)[2],
+                                                     const float (&row_sum)[2], int my_row, int lane) {
   const int seq_q = st.seq_q(), b = st.b();
   const long long q_tok0 = st.q_tok0();
 #pragma unroll
@@ -525,31 +526,26 @@ __device__ __forceinline__ void store_rows(const FlashFwdParams& p, const TileRe
     const int row = my_row + 8 * r;
     if (row >= seq_q) continue;
     const RowResult res = finish_row(p, h, row_max[r], sum);
-    T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (q_tok0 + row) * p.o_seq_stride;
+    unsigned short* go16 = reinterpret_cast<unsigned short*>(static_cast<T*>(p.o) + b * p.o_batch_stride +
+                                                              h * p.o_head_stride + (q_tok0 + row) * p.o_seq_stride);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
       const float2 x = normalised_pair(o, j, r, res.inv);
-      if (ANY_ALIGNMENT && !p.vector_io) {
-        const int col = j * 8 + 2 * (lane & 3);
-        const unsigned pair = pack2<T>(x.x, x.y);
-        unsigned short* go16 = reinterpret_cast<unsigned short*>(go);
-        if (col < p.dim_v) go16[col] = static_cast<unsigned short>(pair);
-        if (col + 1 < p.dim_v) go16[col + 1] = static_cast<unsigned short>(pair >> 16);
-      } else if (j * 8 < p.dim_v) {
-        *reinterpret_cast<unsigned*>(go + j * 8 + 2 * (lane & 3)) = pack2<T>(x.x, x.y);
-      }
+      const int col = j * 8 + 2 * (lane & 3);
+      const unsigned pair = pack2<T>(x.x, x.y);
+      if (col < p.dim_v) go16[col] = static_cast<unsigned short>(pair);
+      if (col + 1 < p.dim_v) go16[col + 1] = static_cast<unsigned short>(pair >> 16);
     }
     if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
   }
 }
 
-// store_rows through shared memory, for a warpgroup's 64 rows: normalised and rounded to T as
-// store_rows does, they go into the warpgroup's own rows of the Q tile (q_group: free once its
-// last wgmma was waited for, and DV <= DQK) in Q's swizzled layout, then out as 16-byte
-// stores, consecutive threads along a row, where store_rows' 4-byte stores spread over 8 rows
-// a warp (flash_fwd_notes v18). `barrier` is a named barrier of the warpgroup's own. Outputs
-// and LSE bit-identical to store_rows'; only where 16-byte output stores are safe (the plan's
-// vector_io: dim_v a multiple of 8 too).
+// Finish through shared memory, for a warpgroup's 64 rows where the plan's vector_io holds:
+// normalised and rounded to T, they go into the warpgroup's own rows of the Q tile (q_group:
+// free once its last wgmma was waited for, and DV <= DQK) in Q's swizzled layout, then out as
+// 16-byte stores, consecutive threads along a row (straight from the accumulators a warp's
+// 4-byte stores would spread over 8 rows: flash_fwd_notes v18). `barrier` is a named barrier
+// of the warpgroup's own. Outputs and LSE rounded as store_rows_unaligned's.
 template <class T, class Tile>
 __device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const TileRef& st, int h,
                                                   const float (&o)[Tile::DV / 2], const float (&row_max)[2],
@@ -739,7 +735,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   }
 
   if (ANY_ALIGNMENT && !p.vector_io)
-    store_rows<T, DV, true>(p, st, h, o, row_max, row_sum, my_row, lane);
+    store_rows_unaligned<T, DV>(p, st, h, o, row_max, row_sum, my_row, lane);
   else
     store_rows_staged<T, Tile>(p, st, h, o, row_max, row_sum, q_addr + group * 64 * 128, group_row0, my_row, lane,
                                1 + group);  // the kernel's only named barriers

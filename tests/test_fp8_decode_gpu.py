@@ -60,6 +60,25 @@ def test_lengths_layouts_gqa_and_scales(rng, fp8, q_dtype, gqa, layout, per_toke
     check_attention(o, lse, *reference.decode(q, k_ref, v_ref, lens), ptxattn.bfloat16)
 
 
+@pytest.mark.parametrize("fp8", FP8, ids=FP8_IDS)
+def test_per_token_scales_of_either_sign(rng, fp8):
+    """A per-token scale may be negative (the value it scales counts with its sign flipped).
+    Every row's first 64 tokens have negative K and V scales, so the first blocks' scaled
+    probabilities are all negative; the rest take random signs."""
+    batch, hq, hkv, d, cap = 3, 8, 2, 128, 900
+    lens = [cap, 500, 64]
+    q = rand(rng, (batch, hq, 1, d), ptxattn.bfloat16)
+    caches = []
+    for _ in range(2):
+        data, scale, ref = fp8_cache(rng, batch, hkv, cap, d, fp8, lens, per_token=True)
+        sign = rng.choice([-1.0, 1.0], scale.shape)
+        sign[:, :, :64] = -1.0
+        caches.append((data, (scale * sign).astype(np.float32), ref * sign[..., None]))
+    (k, k_scale, k_ref), (v, v_scale, v_ref) = caches
+    o, lse = run(rng, q, k, k_scale, v, v_scale, lens)
+    check_attention(o, lse, *reference.decode(q, k_ref, v_ref, lens), ptxattn.bfloat16)
+
+
 CASES = {
     # name: (Hq, Hkv, Sq, Dqk, Dv, options)
     "sq16_gqa8_d64": (16, 2, 16, 64, 64, {}),

@@ -3,7 +3,8 @@
 A scale is per tensor (a positive number) or per (token, kv head): a float32 array shaped
 like its cache without the last axis ([B, Hkv, capacity] for an "HND" cache, [B, capacity,
 Hkv] for "NHD"; a pool's [pages, Hkv, page_size] or [pages, page_size, Hkv]), addressed
-through its own strides. The cached value x stands for x * scale.
+through its own strides. The cached value x stands for x * scale (a per-token scale may be
+of either sign; kv_append writes positive ones).
 """
 from __future__ import annotations
 
