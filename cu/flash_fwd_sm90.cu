@@ -510,6 +510,19 @@ __device__ __forceinline__ float2 normalised_pair(const float (&o)[N], int j, in
   return make_float2(inv == 0.f ? 0.f : o[4 * j + 2 * r] * inv, inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * inv);
 }
 
+// This thread's row `row` (my_row or my_row + 8) finished: the quad's partial sums reduced (fixed
+// xor order; every lane takes part), normalised and its LSE stored; a zero result for a row
+// past seq_q, which stores nothing.
+// (b, q_tok0, seq_q: the tile's, read once by the caller.)
+__device__ __forceinline__ RowResult finish_my_row(const FlashFwdParams& p, int b, long long q_tok0, int seq_q, int h,
+                                                   float row_max, float row_sum, int row, int lane) {
+  const float sum = quad_sum(row_sum);
+  if (row >= seq_q) return RowResult{0.f, 0.f};
+  const RowResult res = finish_row(p, h, row_max, sum);
+  if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
+  return res;
+}
+
 // Finish where 16-byte output stores are not safe (the plan's vector_io is 0: an output off 16
 // bytes, or dim_v not a multiple of 8): quad-reduce the row sums (fixed xor order), normalise,
 // store this thread's rows my_row and my_row + 8 of head h (their first dim_v columns, two bytes
@@ -522,10 +535,9 @@ __device__ __forceinline__ void store_rows_unaligned(const FlashFwdParams& p, co
   const long long q_tok0 = st.q_tok0();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float sum = quad_sum(row_sum[r]);
     const int row = my_row + 8 * r;
+    const RowResult res = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], row, lane);
     if (row >= seq_q) continue;
-    const RowResult res = finish_row(p, h, row_max[r], sum);
     unsigned short* go16 = reinterpret_cast<unsigned short*>(static_cast<T*>(p.o) + b * p.o_batch_stride +
                                                               h * p.o_head_stride + (q_tok0 + row) * p.o_seq_stride);
 #pragma unroll
@@ -536,7 +548,6 @@ __device__ __forceinline__ void store_rows_unaligned(const FlashFwdParams& p, co
       if (col < p.dim_v) go16[col] = static_cast<unsigned short>(pair);
       if (col + 1 < p.dim_v) go16[col + 1] = static_cast<unsigned short>(pair >> 16);
     }
-    if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
   }
 }
 
@@ -557,10 +568,8 @@ __device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const
   const long long q_tok0 = st.q_tok0();
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const float sum = quad_sum(row_sum[r]);
     const int row = my_row + 8 * r;
-    const RowResult res = row < seq_q ? finish_row(p, h, row_max[r], sum) : RowResult{0.f, 0.f};
-    if (row < seq_q && p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
+    const RowResult res = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], row, lane);
 #pragma unroll
     for (int j = 0; j < DV / 8; ++j) {
       const float2 x = normalised_pair(o, j, r, res.inv);
