@@ -198,6 +198,26 @@ def test_plan_wgmma_tiles_of_the_larger_head_dims():
     assert (plan.rows, plan.threads, plan.shared) == (128, 256, 2 * (256 * 128 + 2 * 64 * 512) + 1024)
 
 
+@pytest.mark.parametrize("dqk, dv, general, aligned, options, kernel", [
+    (64, 64, True, True, dict(ws=True, pingpong=True), "flash_fwd_sm90_bf16_d64_general_ws_pp"),
+    # Smaller head dims (multiples of 8) run zero-padded in the smallest tile that holds them.
+    (96, 96, False, True, dict(ws=True, pingpong=False), "flash_fwd_sm90_bf16_d128_ws"),
+    (40, 24, True, True, dict(ws=True, pingpong=False), "flash_fwd_sm90_bf16_d64_general_ws"),
+    (128, 64, True, True, dict(ws=True, pingpong=False), "flash_fwd_sm90_bf16_d128_general_ws"),
+    (128, 256, False, True, dict(ws=True, pingpong=False), "flash_fwd_sm90_bf16_d256_ws"),
+    # Paged, unaligned or not-multiple-of-8 head dims take no ws kernel; ws=False the default one.
+    (128, 128, False, True, dict(paged=True, ws=True), "flash_fwd_sm90_bf16_d128_paged"),
+    (256, 256, False, True, dict(paged=True, ws=True), "flash_fwd_sm90_bf16_d256_paged"),
+    (128, 128, False, False, dict(ws=True), "flash_fwd_bf16_d128"),
+    (128, 128, False, True, dict(ws=True, vector_io=False), "flash_fwd_sm90_bf16_d128"),
+    (100, 100, True, True, dict(ws=True), "flash_fwd_sm90_bf16_d128_general"),
+    (128, 128, False, True, dict(ws=False), "flash_fwd_sm90_bf16_d128"),
+    (128, 128, True, True, dict(ws=False), "flash_fwd_sm90_bf16_d128_general"),
+])
+def test_plan_ws_kernel_where_it_applies(dqk, dv, general, aligned, options, kernel):
+    assert attention.plan_kernel(ptxattn.bfloat16, dqk, dv, general, aligned, **options).kernel == kernel
+
+
 def test_plan_sm90_ws_kernel_unless_opted_out():
     # By default (or ws=True) plain strided wgmma calls get the warp-specialized kernels:
     # a producer and two consumer warpgroups, 128 rows; Q + the K/V ring, aligned base. Plain
@@ -213,36 +233,12 @@ def test_plan_sm90_ws_kernel_unless_opted_out():
     # General calls (masks, softcap, scale <= 0) have warp-specialized kernels of their own.
     plan = attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.rows, plan.threads) == ("flash_fwd_sm90_bf16_d128_general_ws", 128, 384)
-    assert attention.plan_kernel(ptxattn.bfloat16, 64, 64, True, True, ws=True, pingpong=True).kernel == \
-        "flash_fwd_sm90_bf16_d64_general_ws_pp"
-    # Smaller head dims (multiples of 8) run zero-padded in the smallest tile that holds them.
-    assert attention.plan_kernel(ptxattn.bfloat16, 96, 96, False, True, ws=True, pingpong=False).kernel == \
-        "flash_fwd_sm90_bf16_d128_ws"
-    assert attention.plan_kernel(ptxattn.bfloat16, 40, 24, True, True, ws=True, pingpong=False).kernel == \
-        "flash_fwd_sm90_bf16_d64_general_ws"
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 64, True, True, ws=True, pingpong=False).kernel == \
-        "flash_fwd_sm90_bf16_d128_general_ws"
     # Larger head dims: the 192 / 128 and 256 tiles (64-key tiles at 256, as their wgmma kernels).
     plan = attention.plan_kernel(ptxattn.bfloat16, 192, 128, False, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.threads, plan.shared) == ("flash_fwd_sm90_bf16_d192_128_ws", 384,
                                                         2 * (192 * 128 + 2 * 128 * (192 + 128)) + 1024)
     plan = attention.plan_kernel(np.dtype(np.float16), 256, 256, True, True, ws=True, pingpong=False)
     assert (plan.kernel, plan.shared) == ("flash_fwd_sm90_f16_d256_general_ws", 2 * (256 * 128 + 2 * 64 * 512) + 1024)
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 256, False, True, ws=True, pingpong=False).kernel == \
-        "flash_fwd_sm90_bf16_d256_ws"
-    # Paged, unaligned or not-multiple-of-8 head dims take no ws kernel; ws=False the default one.
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, paged=True, ws=True).kernel == \
-        "flash_fwd_sm90_bf16_d128_paged"
-    assert attention.plan_kernel(ptxattn.bfloat16, 256, 256, False, True, paged=True, ws=True).kernel == \
-        "flash_fwd_sm90_bf16_d256_paged"
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, False, ws=True).kernel == "flash_fwd_bf16_d128"
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=True, vector_io=False).kernel == \
-        "flash_fwd_sm90_bf16_d128"
-    assert attention.plan_kernel(ptxattn.bfloat16, 100, 100, True, True, ws=True).kernel == \
-        "flash_fwd_sm90_bf16_d128_general"
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, False, True, ws=False).kernel == "flash_fwd_sm90_bf16_d128"
-    assert attention.plan_kernel(ptxattn.bfloat16, 128, 128, True, True, ws=False).kernel == \
-        "flash_fwd_sm90_bf16_d128_general"
     # PTXATTN_SM90_WS=0 (ws=None follows it) gives back the plain wgmma kernel; the dims of
     # sm90_pingpong_dims() (pingpong=None follows it) run the ws kernels' ping-pong twins.
     # General 192 / 128 and 256 calls have no twin: they keep the ws kernel.
