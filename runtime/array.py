@@ -128,7 +128,8 @@ class DeviceArray:
                 raise IndexError(f"DeviceArray supports integers and slices on leading axes, got {type(k).__name__}")
         shape += self.shape[len(key):]
         strides += self.strides[len(key):]
-        return DeviceArray(ptr, shape, self.dtype, strides, self.device, self._owner, self.stream)
+        # Parts of a checked array: the cheap constructor (the full one's conversions took ~2 us a slice).
+        return DeviceArray.view(ptr, tuple(shape), self.dtype, tuple(strides), self.device, self._owner, self.stream)
 
     # ---- copies --------------------------------------------------------------
     def _span_bytes(self) -> int:
