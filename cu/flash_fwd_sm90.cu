@@ -512,8 +512,7 @@ __device__ __forceinline__ float2 normalised_pair(const float (&o)[N], int j, in
 
 // This thread's row `row` (my_row or my_row + 8) finished: the quad's partial sums reduced (fixed
 // xor order; every lane takes part), normalised and its LSE stored; a zero result for a row
-// past seq_q, which stores nothing.
-// (b, q_tok0, seq_q: the tile's, read once by the caller.)
+// past seq_q, which stores nothing. b, q_tok0 and seq_q are the tile's, read once by the caller.
 __device__ __forceinline__ RowResult finish_my_row(const FlashFwdParams& p, int b, long long q_tok0, int seq_q, int h,
                                                    float row_max, float row_sum, int row, int lane) {
   const float sum = quad_sum(row_sum);
@@ -524,9 +523,8 @@ __device__ __forceinline__ RowResult finish_my_row(const FlashFwdParams& p, int 
 }
 
 // Finish where 16-byte output stores are not safe (the plan's vector_io is 0: an output off 16
-// bytes, or dim_v not a multiple of 8): quad-reduce the row sums (fixed xor order), normalise,
-// store this thread's rows my_row and my_row + 8 of head h (their first dim_v columns, two bytes
-// at a time: D may be padded) and their LSE.
+// bytes, or dim_v not a multiple of 8): this thread's rows my_row and my_row + 8 of head h, each
+// through finish_my_row, their first dim_v columns stored two bytes at a time (D may be padded).
 template <class T, int D>
 __device__ __forceinline__ void store_rows_unaligned(const FlashFwdParams& p, const TileRef& st, int h,
                                                      const float (&o)[D / 2], const float (&row_max)[2],
