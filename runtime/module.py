@@ -1,9 +1,10 @@
 """Finding, loading and launching the precompiled PTX.
 
 `ptx/manifest.json` (written by scripts/build_ptx.py) lists every family, the archs it was
-built for and its kernels. For a device of compute capability X.Y we load the highest arch
-not above it (`sm_90a` only on exactly 9.0), lazily, once per context, with the JIT error
-log in the exception if the driver rejects it. PTXATTN_ARCH=sm_XY makes that choice as a
+built for and its kernels. For a device of compute capability X.Y we use the highest arch
+not above it (`sm_90a` only on exactly 9.0), and load each kernel as a module of its own
+(ptx_text.py) at its first use in a context, with the JIT error log in the exception if the
+driver rejects it. PTXATTN_ARCH=sm_XY makes that choice as a
 device of compute capability X.Y would (see arch.py).
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from importlib import resources
 from .arch import ARCH_ENV, arch_for, arch_key, capability, target_arch
 from .device import Device
 from .driver import CudaError, call, cu, driver_version, hot
+from .ptx_text import kernel_module
 from .stream import Stream
 
 __all__ = ["ParamStruct", "Kernel", "get_kernel", "manifest", "arch_for", "ptx_arch", "loaded_arch", "PtxLoadError"]
@@ -90,7 +92,8 @@ _LOG_BYTES = 16384
 _J = cu.CUjit_option
 
 
-def _load_module(device: Device, family: str):
+def _load_kernel_module(device: Device, family: str, name: str):
+    """Kernel `name`'s own module (ptx_text.py: the JIT compiles only that kernel) and its arch."""
     arch = loaded_arch(device, family)
     if arch is None:
         major, minor = device.compute_capability
@@ -99,8 +102,13 @@ def _load_module(device: Device, family: str):
         raise PtxLoadError(f"no PTX of family {family!r} runs on {device.name} ({target}); built for "
                            f"{', '.join(manifest()['families'][family]['archs'])}")
     _check_driver_version()
+    label = f"ptx/{arch}/{family}.ptx"
     ptx = (resources.files("ptxattn.ptx") / arch / f"{family}.ptx").read_bytes()
-    return load_ptx(ptx, f"ptx/{arch}/{family}.ptx", device), arch
+    own = kernel_module(ptx, name)
+    if own is None:
+        raise PtxLoadError(f"{label} has no kernel {name!r}, which ptx/manifest.json lists there: rebuild it "
+                           f"with scripts/build_ptx.py or reinstall ptxattn")
+    return load_ptx(own, f"{label} ({name})", device), arch
 
 
 def load_ptx(ptx: bytes, label: str, device: Device):
@@ -160,7 +168,6 @@ def _configure(function, device: Device, family: str) -> int:
 
 
 _cache_lock = threading.Lock()
-_modules: dict[tuple[int, str], tuple[object, str]] = {}
 _kernels: dict[tuple[int, str], Kernel] = {}
 
 
@@ -178,10 +185,7 @@ def get_kernel(name: str, device: Device) -> Kernel:
         kernel = _kernels.get((ctx, name))
         if kernel is not None:
             return kernel
-        loaded = _modules.get((ctx, family))
-        if loaded is None:
-            loaded = _modules[(ctx, family)] = _load_module(device, family)
-        module, arch = loaded
+        module, arch = _load_kernel_module(device, family, name)
         function = call(cu.cuModuleGetFunction, module, name.encode())
         kernel = Kernel(name, function, arch, _configure(function, device, family))
         _kernels[(ctx, name)] = kernel

@@ -35,15 +35,16 @@ PTX = ROOT / "ptx"
 COMMON_OPTIONS = ["--std=c++17", "--device-as-default-execution-space"]
 
 
-def _load_kernel_names():
-    """runtime/kernel_names.py as a module of its own (importing the package would load the driver)."""
-    spec = importlib.util.spec_from_file_location("ptxattn_kernel_names", ROOT / "runtime" / "kernel_names.py")
+def _load_runtime_module(name: str):
+    """runtime/<name>.py as a module of its own (importing the package would load the driver)."""
+    spec = importlib.util.spec_from_file_location(f"ptxattn_{name}", ROOT / "runtime" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-kernel_names = _load_kernel_names()
+kernel_names = _load_runtime_module("kernel_names")
+ptx_text = _load_runtime_module("ptx_text")
 
 # The wheels of the `build` extra: NVRTC and the CUDA headers.
 BUILD_PACKAGES = {"nvidia.cuda_nvrtc": "nvidia-cuda-nvrtc-cu12", "nvidia.cuda_runtime": "nvidia-cuda-runtime-cu12"}
@@ -237,7 +238,11 @@ def build(out: Path) -> None:
         if below.get(family) == _without_target(ptx):
             continue
         below[family] = _without_target(ptx)
-        entries = set(re.findall(r"^\.(?:visible )?\.entry (\w+)\(", ptx, flags=re.M))
+        # The runtime loads each kernel as a module cut from this file (runtime/ptx_text.py).
+        try:
+            entries = set(ptx_text.check_cuttable(ptx.encode(), f"{family} for {arch}"))
+        except ValueError as exc:
+            raise SystemExit(f"build_ptx: {exc}: runtime/ptx_text.py could not cut it into one module a kernel")
         listed = set(kernels[family])
         if entries != listed:
             raise SystemExit(

@@ -20,8 +20,10 @@ import ptxattn  # noqa: E402
 from ptxattn.driver import cu  # noqa: E402
 
 _module_target: dict[int, str] = {}  # module handle -> .target of the PTX it was loaded from
+_module_entries: dict[int, list[str]] = {}  # module handle -> the .entry names in that PTX
 _function: dict[int, tuple[str, str]] = {}  # function handle -> (kernel name, .target)
 _launched: dict[str, str] = {}  # kernel name -> .target, for each kernel launched
+_launched_entries: dict[str, list[str]] = {}  # kernel name -> the entries of its module
 _programmatic: set[str] = set()  # kernels launched with programmatic stream serialization
 
 
@@ -40,11 +42,13 @@ def _record(name: str, after) -> None:
 def _loaded(args, result) -> None:
     target = re.search(rb"^\.target\s+(\w+)", args[0], re.MULTILINE).group(1).decode()
     _module_target[int(result[1])] = target
+    _module_entries[int(result[1])] = [name.decode() for name in re.findall(rb"\.entry\s+(\w+)", args[0])]
 
 
 def _got_function(args, result) -> None:
     module, name = args
     _function[int(result[1])] = (name.decode(), _module_target[int(module)])
+    _launched_entries[name.decode()] = _module_entries[int(module)]
 
 
 def _launch(args, result) -> None:
@@ -84,7 +88,8 @@ def main() -> dict:
             call()
         except Exception as exc:  # the probe reports any error; the test says which it expects
             return {"error": type(exc).__name__, "message": str(exc), "raised_by": op}
-    return {"ptx_arch": ptxattn.ptx_arch(device), "launched": _launched, "programmatic": sorted(_programmatic)}
+    return {"ptx_arch": ptxattn.ptx_arch(device), "launched": _launched, "programmatic": sorted(_programmatic),
+            "module_entries": {name: _launched_entries[name] for name in _launched}}
 
 
 if __name__ == "__main__":

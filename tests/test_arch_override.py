@@ -14,6 +14,7 @@ import pytest
 import ptxattn
 from ptxattn import module
 from ptxattn.module import manifest
+from ptxattn.ptx_text import kernel_module
 from ptxattn.ops import attention
 from ptxattn.arch import ARCH_ENV, ArchSettingError, arch_for, capability, target_arch
 from ptxattn.device import Device
@@ -99,6 +100,15 @@ def test_unset_loads_the_best_match_and_the_wgmma_kernel():
     assert set(launched.values()) == {"sm_90"}, got
 
 
+@pytest.mark.parametrize("arch, cc", [(None, "9.0"), ("sm_80", "9.0"), ("sm_89", "9.0"), (None, "8.0")])
+def test_each_kernel_loads_as_a_module_of_its_own(arch, cc):
+    """The driver JIT-compiles a module whole: each kernel's PTX holds that kernel alone
+    (ptx_text.py), cut from the family file of the arch chosen."""
+    got = _probe(arch, cc)
+    assert len(got["launched"]) >= 3, got  # sdpa's, decode's and paged_decode's at least
+    assert got["module_entries"] == {name: [name] for name in got["launched"]}, got
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_90a"])
 def test_naming_the_devices_own_arch_changes_nothing(arch):
     assert _probe(arch)["launched"] == _probe(None)["launched"]
@@ -123,10 +133,9 @@ def test_override_loads_only_that_archs_ptx(arch):
 
 # ---- programmatic dependent launch: only where the loaded PTX waits (cu/common.cuh) ------
 def _entry_body(arch: str, family: str, kernel: str) -> str:
-    ptx = (Path(__file__).resolve().parent.parent / "ptx" / arch / f"{family}.ptx").read_text()
-    start = ptx.index(f".entry {kernel}(")
-    end = ptx.find(".entry ", start + 1)
-    return ptx[start:end if end > 0 else len(ptx)]
+    ptx = (Path(__file__).resolve().parent.parent / "ptx" / arch / f"{family}.ptx").read_bytes()
+    own = kernel_module(ptx, kernel).decode()
+    return own[own.index(f".entry {kernel}("):]
 
 
 def test_sm90_ptx_launches_the_decode_combine_programmatically():

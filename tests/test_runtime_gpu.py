@@ -223,6 +223,17 @@ def test_bad_ptx_error_carries_jit_log(dev):
     assert int(_store(dev, 4).get()[0]) == 4
 
 
+def test_each_kernel_is_a_module_of_its_own(dev):
+    """The driver JIT-compiles a module whole: a kernel's module holds that kernel alone
+    (ptx_text.py), from the arch the device loads."""
+    from ptxattn.module import get_kernel
+
+    with on_device(dev):
+        for name in ("merge_bf16_bf16", "decode_split_bf16_d128", "kv_append"):
+            module = call(cu.cuFuncGetModule, get_kernel(name, dev).function)
+            assert call(cu.cuModuleGetFunctionCount, module) == 1, name
+
+
 def test_pinned_buffer_async_copies(dev, rng):
     from ptxattn.memory import PinnedBuffer
 
