@@ -245,7 +245,7 @@ def build(out: Path) -> None:
         try:
             entries = set(ptx_text.check_cuttable(ptx.encode(), f"{family} for {arch}"))
         except ValueError as exc:
-            raise SystemExit(f"build_ptx: {exc}: runtime/ptx_text.py could not cut it into one module a kernel")
+            raise SystemExit(f"build_ptx: {exc}: runtime/ptx_text.py could not cut it into a module per kernel")
         listed = set(kernels[family])
         if entries != listed:
             raise SystemExit(
