@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import threading
 
 import numpy as np
 
@@ -87,6 +88,16 @@ def _pop():
     return _ok(cu.CUcontext(_context_stack.pop()))
 
 
+_capture_modes: dict[int, object] = {}  # thread id -> its stream capture interaction mode
+
+
+def _exchange_capture_mode(mode):
+    thread = threading.get_ident()
+    previous = _capture_modes.get(thread, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+    _capture_modes[thread] = mode
+    return _ok(previous)
+
+
 _FUNCTIONS = {
     "cuInit": lambda flags: (_OK,),
     "cuDriverGetVersion": lambda: _ok(13000),
@@ -135,6 +146,7 @@ _FUNCTIONS = {
     "cuEventElapsedTime": lambda start, end: _ok(0.0),
     "cuEventDestroy": lambda event: (_OK,),
     "cuStreamBeginCapture": lambda stream, mode: (_OK,),
+    "cuThreadExchangeStreamCaptureMode": _exchange_capture_mode,
     "cuStreamEndCapture": lambda stream: _ok(cu.CUgraph(next(_handles))),
     "cuGraphInstantiate": lambda graph, flags: _ok(cu.CUgraphExec(next(_handles))),
     "cuGraphLaunch": lambda graph_exec, stream: (_OK,),

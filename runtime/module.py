@@ -9,6 +9,7 @@ device of compute capability X.Y would (see arch.py).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import json
@@ -167,6 +168,23 @@ def _configure(function, device: Device, family: str) -> int:
     return limit
 
 
+_RELAXED = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
+
+
+@contextlib.contextmanager
+def _unsafe_calls_allowed():
+    """A kernel's first use can come while this thread captures a graph (an eager call inside
+    `capture`, or inside a host's own capture). Loading a module is one of the calls the driver
+    then counts as potentially unsafe and refuses in global and thread-local capture mode,
+    invalidating the capture; it enqueues nothing on any stream, so this thread takes the
+    relaxed mode for the load and gets its own mode back after."""
+    previous = call(cu.cuThreadExchangeStreamCaptureMode, _RELAXED)
+    try:
+        yield
+    finally:
+        call(cu.cuThreadExchangeStreamCaptureMode, previous)
+
+
 _cache_lock = threading.Lock()
 _kernels: dict[tuple[int, str], Kernel] = {}
 
@@ -185,9 +203,10 @@ def get_kernel(name: str, device: Device) -> Kernel:
         kernel = _kernels.get((ctx, name))
         if kernel is not None:
             return kernel
-        module, arch = _load_kernel_module(device, family, name)
-        function = call(cu.cuModuleGetFunction, module, name.encode())
-        kernel = Kernel(name, function, arch, _configure(function, device, family))
+        with _unsafe_calls_allowed():
+            module, arch = _load_kernel_module(device, family, name)
+            function = call(cu.cuModuleGetFunction, module, name.encode())
+            kernel = Kernel(name, function, arch, _configure(function, device, family))
         _kernels[(ctx, name)] = kernel
     return kernel
 

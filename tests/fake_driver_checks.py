@@ -390,6 +390,39 @@ def threads_launch_their_own_pointers() -> None:
     assert sum(len(p) for p in seen.values()) == 8 * 600
 
 
+def kernel_loads_run_in_relaxed_capture_mode() -> None:
+    """A kernel's first use may come inside a graph capture: its module loads while the thread's
+    capture mode is relaxed (else the driver would invalidate the capture), and the thread's own
+    mode, whatever it was, is back afterwards. Its second use loads nothing."""
+    from cuda.bindings import driver as cu
+
+    modes = cu.CUstreamCaptureMode
+    exchange, load = cu.cuThreadExchangeStreamCaptureMode, cu.cuModuleLoadDataEx
+    events = []
+
+    def recording_exchange(mode):
+        result = exchange(mode)
+        events.append(("mode", mode))
+        return result
+
+    def recording_load(*args):
+        current = exchange(modes.CU_STREAM_CAPTURE_MODE_RELAXED)[1]
+        exchange(current)
+        events.append(("load", current))
+        return load(*args)
+
+    cu.cuThreadExchangeStreamCaptureMode, cu.cuModuleLoadDataEx = recording_exchange, recording_load
+    exchange(modes.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)  # as inside ptxattn.capture
+    x = ptxattn.empty((9, 100), np.float32)
+    ptxattn.softmax(x, out=ptxattn.empty(x.shape, np.float32), stream=STREAM)
+    loads = [mode for kind, mode in events if kind == "load"]
+    assert loads and all(mode == modes.CU_STREAM_CAPTURE_MODE_RELAXED for mode in loads), events
+    assert exchange(modes.CU_STREAM_CAPTURE_MODE_GLOBAL)[1] == modes.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, events
+    events.clear()
+    ptxattn.softmax(x, out=ptxattn.empty(x.shape, np.float32), stream=STREAM)
+    assert events == [], events
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print(f"{sys.argv[1]}: OK")

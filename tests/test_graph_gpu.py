@@ -1,8 +1,11 @@
 """Ops captured into CUDA graphs: a softmax replays with new input contents, bitwise equal to
-the eager call; what capture must refuse; the README's decode loop."""
+the eager call; a process's first decode made inside a capture; what capture must refuse; the
+README's decode loop."""
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -39,6 +42,42 @@ def test_softmax_graph_capture_and_replay(rng, dev, stream):
         np.testing.assert_allclose(replayed, reference.softmax(host), rtol=1e-5, atol=1e-7)
         eager = ptxattn.softmax(x, stream=stream).get(stream)
         assert np.array_equal(replayed.view(np.uint32), eager.view(np.uint32))
+
+
+_FIRST_USE_IN_CAPTURE = """
+import sys
+import numpy as np
+import ptxattn
+from ptxattn.driver import call, cu
+mode = getattr(cu.CUstreamCaptureMode, sys.argv[1])
+rng = np.random.default_rng(0)
+bf16, s = ptxattn.bfloat16, ptxattn.Stream.create()
+q = ptxattn.asarray(rng.standard_normal((2, 8, 1, 128)).astype(bf16), s)
+k, v = (ptxattn.asarray(rng.standard_normal((2, 2, 4096, 128)).astype(bf16), s) for _ in range(2))
+lens = ptxattn.asarray(np.array([4000, 4096], np.int32), s)
+out = ptxattn.empty((2, 8, 1, 128), bf16)
+ws = ptxattn.empty((max(ptxattn.decode_workspace_bytes(q, k, v), 1),), np.uint8)
+s.synchronize()
+call(cu.cuStreamBeginCapture, s.handle, mode)  # no decode kernel is loaded yet in this process
+ptxattn.decode(q, k, v, lens, out=out, workspace=ws, stream=s)
+graph = call(cu.cuStreamEndCapture, s.handle)
+out.set(np.full(out.shape, np.nan, np.float32).astype(bf16), s)
+call(cu.cuGraphLaunch, call(cu.cuGraphInstantiate, graph, 0), s.handle)
+replayed = out.get(s)
+eager = ptxattn.decode(q, k, v, lens, stream=s).get(s)
+assert replayed.tobytes() == eager.tobytes() and not np.isnan(replayed.astype(np.float32)).any()
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("mode", ["CU_STREAM_CAPTURE_MODE_GLOBAL", "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL"])
+def test_first_use_of_a_kernel_inside_a_capture(mode):
+    """A fresh process's first decode is made inside a capture (a host's own, global or thread-
+    local mode): its kernels' modules load then (module.py takes the relaxed mode for that),
+    and the graph replays bitwise equal to an eager call."""
+    done = subprocess.run([sys.executable, "-c", _FIRST_USE_IN_CAPTURE, mode], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
 def test_numpy_inputs_refused_while_capturing(rng, dev, stream):
