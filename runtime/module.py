@@ -105,7 +105,10 @@ def _load_kernel_module(device: Device, family: str, name: str):
     _check_driver_version()
     label = f"ptx/{arch}/{family}.ptx"
     ptx = (resources.files("ptxattn.ptx") / arch / f"{family}.ptx").read_bytes()
-    own = kernel_module(ptx, name)
+    try:
+        own = kernel_module(ptx, name)
+    except ValueError as exc:
+        raise PtxLoadError(f"{label}: {exc}: rebuild it with scripts/build_ptx.py or reinstall ptxattn") from None
     if own is None:
         raise PtxLoadError(f"{label} has no kernel {name!r}, which ptx/manifest.json lists there: rebuild it "
                            f"with scripts/build_ptx.py or reinstall ptxattn")

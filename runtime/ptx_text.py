@@ -26,14 +26,16 @@ _NAME = re.compile(rb"([A-Za-z_$][\w$]*)\(")
 
 def kernel_module(ptx: bytes, name: str) -> bytes | None:
     """The PTX module of kernel `name` alone (None when `ptx` has no such kernel): the
-    preamble, then its entry."""
+    preamble, then its entry. ValueError when the entry has no closing brace line."""
     start = ptx.find(_ENTRY_LINE + name.encode() + b"(")
     if start < 0:
         return None
     start += 1
     following = ptx.find(_ENTRY_LINE, start)
-    end = ptx.rfind(b"\n}", start, following if following >= 0 else len(ptx)) + 2
-    return ptx[:ptx.find(_ENTRY_LINE) + 1] + ptx[start:end] + b"\n"
+    close = ptx.rfind(b"\n}", start, following if following >= 0 else len(ptx))
+    if close < 0:
+        raise ValueError(f"entry {name} has no closing brace")
+    return ptx[:ptx.find(_ENTRY_LINE) + 1] + ptx[start:close + 2] + b"\n"
 
 
 def _body_end(ptx: bytes, start: int, limit: int) -> int:

@@ -103,15 +103,21 @@ def test_files_a_cut_would_break_are_refused_by_name(ptx, message):
         check_cuttable(ptx, "bad.ptx")
 
 
-def test_loading_a_kernel_its_file_lacks_names_both_before_any_driver_call(tmp_path, monkeypatch):
+@pytest.mark.parametrize("text, message", [
+    (_HEAD + _ENTRY % b"merge_f16_f16", "ptx/sm_90/merge.ptx has no kernel 'merge_bf16_bf16', which "
+                                        "ptx/manifest.json lists there: rebuild it"),
+    (_HEAD + b".visible .entry merge_bf16_bf16(\n)\n{\n\tret;\n", "ptx/sm_90/merge.ptx: entry merge_bf16_bf16 "
+                                                                   "has no closing brace: rebuild it"),
+])
+def test_loading_from_a_file_that_disagrees_with_the_manifest_names_both(tmp_path, monkeypatch, text, message):
+    """Before any driver call: the installed file lacks the kernel, or its entry is cut short."""
     h200 = Device(0, "H200", (9, 0), 132, 141 << 30, 232448, 60 << 20)
     manifest()  # read (and cached) from the real package first
     (tmp_path / "sm_90").mkdir()
-    (tmp_path / "sm_90" / "merge.ptx").write_bytes(_HEAD + _ENTRY % b"merge_f16_f16")
+    (tmp_path / "sm_90" / "merge.ptx").write_bytes(text)
     monkeypatch.setattr(module.resources, "files", lambda package: tmp_path)
     monkeypatch.setattr(module, "_check_driver_version", lambda: None)
     monkeypatch.setattr(module, "ptx_arch", lambda device: "sm_90")
     monkeypatch.setattr(module, "load_ptx", lambda *args: pytest.fail("the driver was asked to load it"))
-    with pytest.raises(PtxLoadError, match=r"^ptx/sm_90/merge\.ptx has no kernel 'merge_bf16_bf16', which "
-                                           r"ptx/manifest\.json lists there: rebuild it"):
+    with pytest.raises(PtxLoadError, match="^" + re.escape(message)):
         module._load_kernel_module(h200, "merge", "merge_bf16_bf16")
