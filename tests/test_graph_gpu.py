@@ -49,6 +49,7 @@ import sys
 import numpy as np
 import ptxattn
 from ptxattn.driver import call, cu
+from ptxattn.faults import fault_buffer
 mode = getattr(cu.CUstreamCaptureMode, sys.argv[1])
 rng = np.random.default_rng(0)
 bf16, s = ptxattn.bfloat16, ptxattn.Stream.create()
@@ -57,6 +58,7 @@ k, v = (ptxattn.asarray(rng.standard_normal((2, 2, 4096, 128)).astype(bf16), s) 
 lens = ptxattn.asarray(np.array([4000, 4096], np.int32), s)
 out = ptxattn.empty((2, 8, 1, 128), bf16)
 ws = ptxattn.empty((max(ptxattn.decode_workspace_bytes(q, k, v), 1),), np.uint8)
+fault_buffer(ptxattn.get_device(0))  # made before capture, as faults.py asks (it allocates and zeroes)
 s.synchronize()
 call(cu.cuStreamBeginCapture, s.handle, mode)  # no decode kernel is loaded yet in this process
 ptxattn.decode(q, k, v, lens, out=out, workspace=ws, stream=s)
@@ -74,7 +76,8 @@ print("ok")
 def test_first_use_of_a_kernel_inside_a_capture(mode):
     """A fresh process's first decode is made inside a capture (a host's own, global or thread-
     local mode): its kernels' modules load then (module.py takes the relaxed mode for that),
-    and the graph replays bitwise equal to an eager call."""
+    and the graph replays bitwise equal to an eager call. The device's fault buffer is made
+    before the capture: its cuMemAlloc and synchronous memset are what a capture must not see."""
     done = subprocess.run([sys.executable, "-c", _FIRST_USE_IN_CAPTURE, mode], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
