@@ -177,10 +177,10 @@ _RELAXED = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
 @contextlib.contextmanager
 def _unsafe_calls_allowed():
     """A kernel's first use can come while this thread captures a graph (an eager call inside
-    `capture`, or inside a host's own capture). Loading a module is one of the calls the driver
-    then counts as potentially unsafe and refuses in global and thread-local capture mode,
-    invalidating the capture; it enqueues nothing on any stream, so this thread takes the
-    relaxed mode for the load and gets its own mode back after."""
+    `capture`, or inside a host's own capture). Whether the driver then counts loading a module
+    as a potentially unsafe call, refused in global and thread-local capture mode (which would
+    invalidate the capture), is not documented; a load enqueues nothing on any stream, so this
+    thread takes the relaxed mode for it and gets its own mode back after."""
     previous = call(cu.cuThreadExchangeStreamCaptureMode, _RELAXED)
     try:
         yield
