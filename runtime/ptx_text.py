@@ -18,10 +18,15 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["kernel_module", "check_cuttable"]
+__all__ = ["preamble", "kernel_module", "check_cuttable"]
 
 _ENTRY_LINE = b"\n.visible .entry "  # how NVRTC starts each kernel
 _NAME = re.compile(rb"([A-Za-z_$][\w$]*)\(")
+
+
+def preamble(ptx: bytes) -> bytes:
+    """What every kernel's module starts with: the file up to its first entry."""
+    return ptx[:ptx.find(_ENTRY_LINE) + 1]
 
 
 def kernel_module(ptx: bytes, name: str) -> bytes | None:
@@ -35,7 +40,7 @@ def kernel_module(ptx: bytes, name: str) -> bytes | None:
     close = ptx.rfind(b"\n}", start, following if following >= 0 else len(ptx))
     if close < 0:
         raise ValueError(f"entry {name} has no closing brace")
-    return ptx[:ptx.find(_ENTRY_LINE) + 1] + ptx[start:close + 2] + b"\n"
+    return preamble(ptx) + ptx[start:close + 2] + b"\n"
 
 
 def _body_end(ptx: bytes, start: int, limit: int) -> int:

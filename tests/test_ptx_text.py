@@ -10,7 +10,7 @@ import pytest
 from ptxattn import module
 from ptxattn.device import Device
 from ptxattn.module import PtxLoadError, manifest
-from ptxattn.ptx_text import check_cuttable, kernel_module
+from ptxattn.ptx_text import check_cuttable, kernel_module, preamble
 
 PTX = Path(__file__).resolve().parent.parent / "ptx"
 SHIPPED = [(family, arch) for family, info in sorted(manifest()["families"].items()) for arch in info["archs"]]
@@ -30,12 +30,12 @@ def test_every_shipped_file_cuts_into_the_kernels_the_manifest_lists(family, arc
     ptx = _read(family, arch)
     names = check_cuttable(ptx, f"{arch}/{family}.ptx")
     assert sorted(names) == sorted(manifest()["families"][family]["kernels"])
-    preamble = ptx[:ptx.index(b"\n.visible .entry ") + 1]
-    rest = ptx[len(preamble):]
+    head = preamble(ptx)
+    rest = ptx[len(head):]
     for name in names:
         own = kernel_module(ptx, name)
-        assert own.startswith(preamble) and own.count(b".entry ") == 1
-        entry = own[len(preamble):-1]
+        assert own.startswith(head) and own.count(b".entry ") == 1
+        entry = own[len(head):-1]
         assert rest.startswith(entry), name  # in file order
         rest = rest[len(entry):].lstrip()
     assert rest == b""
@@ -47,11 +47,11 @@ def _module_scope_state_used(ptx: bytes, label: str) -> dict[str, str]:
     own copy of these: a .global or .const one that an entry used would need its family's
     module. Also fails on a preamble line that declares anything else (a function, say)."""
     check_cuttable(ptx, label)
-    split = ptx.index(b"\n.visible .entry ") + 1
-    preamble, bodies = ptx[:split], ptx[split:]
-    lines = [line.strip() for line in preamble.splitlines() if line.strip()]
+    head = preamble(ptx)
+    bodies = ptx[len(head):]
+    lines = [line.strip() for line in head.splitlines() if line.strip()]
     declarations = [line for line in lines if not line.startswith((b".version", b".target", b".address_size"))]
-    variables = _VARIABLE.findall(preamble)
+    variables = _VARIABLE.findall(head)
     assert len(variables) == len(declarations), [line for line in declarations if not _VARIABLE.match(line)]
     # Named anywhere in a body, even inside a longer name: stricter than a word match, and fast.
     return {name.decode(): space.decode() for space, name in variables if space != b"shared" and name in bodies}
@@ -65,9 +65,9 @@ def test_no_kernel_shares_state_with_another_through_module_scope(family, arch):
 def test_a_kernels_module_is_the_preamble_and_its_entry_alone():
     ptx = _read("merge", "sm_90")
     text = kernel_module(ptx, "merge_bf16_bf16")
-    preamble = ptx[:ptx.index(b"\n.visible .entry ") + 1]
-    assert text.startswith(preamble) and re.findall(rb"\.entry\s+(\w+)", text) == [b"merge_bf16_bf16"]
-    assert text.rstrip().endswith(b"}") and text[len(preamble):-1] in ptx
+    head = ptx[:ptx.index(b"\n.visible .entry ") + 1]  # worked out here, not by preamble()
+    assert text.startswith(head) and re.findall(rb"\.entry\s+(\w+)", text) == [b"merge_bf16_bf16"]
+    assert text.rstrip().endswith(b"}") and text[len(head):-1] in ptx
     assert kernel_module(ptx, "merge_bf16") is None  # a prefix of a name is not a kernel
 
 
