@@ -48,6 +48,7 @@ _FIRST_USE_IN_CAPTURE = """
 import sys
 import numpy as np
 import ptxattn
+from ptxattn.context import on_device
 from ptxattn.driver import call, cu
 from ptxattn.faults import fault_buffer
 mode = getattr(cu.CUstreamCaptureMode, sys.argv[1])
@@ -60,11 +61,12 @@ out = ptxattn.empty((2, 8, 1, 128), bf16)
 ws = ptxattn.empty((max(ptxattn.decode_workspace_bytes(q, k, v), 1),), np.uint8)
 fault_buffer(ptxattn.get_device(0))  # made before capture, as faults.py asks (it allocates and zeroes)
 s.synchronize()
-call(cu.cuStreamBeginCapture, s.handle, mode)  # no decode kernel is loaded yet in this process
-ptxattn.decode(q, k, v, lens, out=out, workspace=ws, stream=s)
-graph = call(cu.cuStreamEndCapture, s.handle)
-out.set(np.full(out.shape, np.nan, np.float32).astype(bf16), s)
-call(cu.cuGraphLaunch, call(cu.cuGraphInstantiate, graph, 0), s.handle)
+with on_device(ptxattn.get_device(0)):  # the raw driver calls below need the context current
+    call(cu.cuStreamBeginCapture, s.handle, mode)  # no decode kernel is loaded yet in this process
+    ptxattn.decode(q, k, v, lens, out=out, workspace=ws, stream=s)
+    graph = call(cu.cuStreamEndCapture, s.handle)
+    out.set(np.full(out.shape, np.nan, np.float32).astype(bf16), s)
+    call(cu.cuGraphLaunch, call(cu.cuGraphInstantiate, graph, 0), s.handle)
 replayed = out.get(s)
 eager = ptxattn.decode(q, k, v, lens, stream=s).get(s)
 assert replayed.tobytes() == eager.tobytes() and not np.isnan(replayed.astype(np.float32)).any()
