@@ -350,6 +350,23 @@ __device__ __forceinline__ void load_a_keys_fp8(const unsigned char* block, int 
   }
 }
 
+// x's byte pairs (0, 2) and (1, 3) as f16 pairs, into even and odd. e4m3 on sm_89+ moves both
+// pairs into the halves with one byte permute and converts each half (fp8_half_to_f16), where
+// two selections would take a permute each.
+template <class KV>
+__device__ __forceinline__ void fp8_interleaved_pairs_to_f16(unsigned x, unsigned& even, unsigned& odd) {
+#if __CUDA_ARCH__ >= 890
+  if constexpr (kSame<KV, fp8_e4m3>) {
+    const unsigned halves = __byte_perm(x, 0u, 0x3120u);  // bytes 0, 2, 1, 3
+    even = fp8_half_to_f16<KV, 0>(halves);
+    odd = fp8_half_to_f16<KV, 1>(halves);
+    return;
+  }
+#endif
+  even = fp8_pair_to_f16<KV>(x, kBytes02);
+  odd = fp8_pair_to_f16<KV>(x, kBytes13);
+}
+
 // V^T: the transposed 16-bit load gives lane (g, t) keys 2t, 2t + 1 of columns 2g, 2g + 1 (one
 // byte pair each), so slice c's m-tile holds the even columns (d = 16 c + 2g) in its rows
 // 0 .. 8 and the odd ones in rows 8 .. 16; O^T's accumulator m-tile c keeps that order.
@@ -360,10 +377,8 @@ __device__ __forceinline__ void load_a_values_fp8(const unsigned char* block, in
   ldmatrix_x4_trans(r, smem_u32(block + ln.f8_row * D_TILE + fp8_chunk_offset(ln.f8_x, c)));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    a[h].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes02);
-    a[h].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h], kBytes13);
-    a[h].r[0][2] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes02);
-    a[h].r[0][3] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes13);
+    fp8_interleaved_pairs_to_f16<KV>(r[2 * h], a[h].r[0][0], a[h].r[0][1]);
+    fp8_interleaved_pairs_to_f16<KV>(r[2 * h + 1], a[h].r[0][2], a[h].r[0][3]);
   }
 }
 
