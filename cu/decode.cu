@@ -706,9 +706,11 @@ __device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[
 
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    float top = neg_inf();
+    // Maxima and sums start from the first tile's pair rather than -inf / 0, which cost an
+    // instruction each (the same values: scores are never NaN, P is never -0).
+    float top = fmaxf(s[0][c], s[0][c + 2]);
 #pragma unroll
-    for (int kt = 0; kt < KT; ++kt) top = fmaxf(top, fmaxf(s[kt][c], s[kt][c + 2]));
+    for (int kt = 1; kt < KT; ++kt) top = fmaxf(top, fmaxf(s[kt][c], s[kt][c + 2]));
     const float m_new = fmaxf(st.m[c], column_max(top));
     const float correction = exp2_minus(st.m[c], m_new);
     float sum = 0.f;
@@ -716,7 +718,7 @@ __device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[
     for (int kt = 0; kt < KT; ++kt) {
       s[kt][c] = exp2_minus(s[kt][c], m_new);
       s[kt][c + 2] = exp2_minus(s[kt][c + 2], m_new);
-      sum += s[kt][c] + s[kt][c + 2];
+      sum = kt == 0 ? s[kt][c] + s[kt][c + 2] : sum + (s[kt][c] + s[kt][c + 2]);
     }
     st.l[c] = st.l[c] * correction + sum;
     st.m[c] = m_new;
@@ -751,6 +753,15 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const FragB<
 __device__ __forceinline__ void scale_by_key(float (&s)[4], const float* scales, const Lane& ln) {
   const float lo = scales[ln.g], hi = scales[ln.g + 8];
   s[0] *= lo, s[1] *= lo, s[2] *= hi, s[3] *= hi;
+}
+
+// 1 / x within an ulp (rcp.approx, subnormals kept): attend_block_fp8's unit r takes one every
+// block on the way to the P V mma, where a division's correctly rounded sequence cost ~13
+// instructions a column. O / r's error stays ~2^-23 an update of r.
+__device__ __forceinline__ float approx_rcp(float x) {
+  float y;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // attend_block for an fp8 stage (K bytes, V bytes, scales; two m-tiles of keys) against the
@@ -796,13 +807,13 @@ __device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const Fr
     for (int kt = 0; kt < kTiles; ++kt) scale_by_key(s[kt], scales + kBlockKeys<KV> + kt * kTileKeys, ln);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      float top = 0.f;
+      float top = fmaxf(fabsf(s[0][c]), fabsf(s[0][c + 2]));
 #pragma unroll
-      for (int kt = 0; kt < kTiles; ++kt) top = fmaxf(top, fmaxf(fabsf(s[kt][c]), fabsf(s[kt][c + 2])));
+      for (int kt = 1; kt < kTiles; ++kt) top = fmaxf(top, fmaxf(fabsf(s[kt][c]), fabsf(s[kt][c + 2])));
       top = column_max(top);
       const float r_old = st.r[c] * corrections[c];  // o's unit after this block's new max
       const float r_new = fmaxf(r_old, top);
-      inv[c] = r_new > 0.f ? 1.f / r_new : 0.f;
+      inv[c] = r_new > 0.f ? approx_rcp(r_new) : 0.f;
       factor[c] = r_new == r_old ? 1.f : r_old * inv[c];
       st.r[c] = r_new;
     }
