@@ -350,6 +350,23 @@ __device__ __forceinline__ void load_a_keys_fp8(const unsigned char* block, int 
   }
 }
 
+// x's byte pairs (0, 2) and (1, 3) as f16 pairs, into even and odd. e4m3 on sm_89+ moves both
+// pairs into the halves with one byte permute and converts each half (fp8_half_to_f16), where
+// two selections would take a permute each.
+template <class KV>
+__device__ __forceinline__ void fp8_interleaved_pairs_to_f16(unsigned x, unsigned& even, unsigned& odd) {
+#if __CUDA_ARCH__ >= 890
+  if constexpr (kSame<KV, fp8_e4m3>) {
+    const unsigned halves = __byte_perm(x, 0u, 0x3120u);  // bytes 0, 2, 1, 3
+    even = fp8_half_to_f16<KV, 0>(halves);
+    odd = fp8_half_to_f16<KV, 1>(halves);
+    return;
+  }
+#endif
+  even = fp8_pair_to_f16<KV>(x, kBytes02);
+  odd = fp8_pair_to_f16<KV>(x, kBytes13);
+}
+
 // V^T: the transposed 16-bit load gives lane (g, t) keys 2t, 2t + 1 of columns 2g, 2g + 1 (one
 // byte pair each), so slice c's m-tile holds the even columns (d = 16 c + 2g) in its rows
 // 0 .. 8 and the odd ones in rows 8 .. 16; O^T's accumulator m-tile c keeps that order.
@@ -360,10 +377,8 @@ __device__ __forceinline__ void load_a_values_fp8(const unsigned char* block, in
   ldmatrix_x4_trans(r, smem_u32(block + ln.f8_row * D_TILE + fp8_chunk_offset(ln.f8_x, c)));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    a[h].r[0][0] = fp8_pair_to_f16<KV>(r[2 * h], kBytes02);
-    a[h].r[0][1] = fp8_pair_to_f16<KV>(r[2 * h], kBytes13);
-    a[h].r[0][2] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes02);
-    a[h].r[0][3] = fp8_pair_to_f16<KV>(r[2 * h + 1], kBytes13);
+    fp8_interleaved_pairs_to_f16<KV>(r[2 * h], a[h].r[0][0], a[h].r[0][1]);
+    fp8_interleaved_pairs_to_f16<KV>(r[2 * h + 1], a[h].r[0][2], a[h].r[0][3]);
   }
 }
 
@@ -691,9 +706,11 @@ __device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[
 
 #pragma unroll
   for (int c = 0; c < 2; ++c) {
-    float top = neg_inf();
+    // Maxima and sums start from the first tile's pair rather than -inf / 0, which cost an
+    // instruction each (the same values: scores are never NaN, P is never -0).
+    float top = fmaxf(s[0][c], s[0][c + 2]);
 #pragma unroll
-    for (int kt = 0; kt < KT; ++kt) top = fmaxf(top, fmaxf(s[kt][c], s[kt][c + 2]));
+    for (int kt = 1; kt < KT; ++kt) top = fmaxf(top, fmaxf(s[kt][c], s[kt][c + 2]));
     const float m_new = fmaxf(st.m[c], column_max(top));
     const float correction = exp2_minus(st.m[c], m_new);
     float sum = 0.f;
@@ -701,7 +718,7 @@ __device__ __forceinline__ void softmax_block(const DecodeParams& p, float (&s)[
     for (int kt = 0; kt < KT; ++kt) {
       s[kt][c] = exp2_minus(s[kt][c], m_new);
       s[kt][c + 2] = exp2_minus(s[kt][c + 2], m_new);
-      sum += s[kt][c] + s[kt][c + 2];
+      sum = kt == 0 ? s[kt][c] + s[kt][c + 2] : sum + (s[kt][c] + s[kt][c + 2]);
     }
     st.l[c] = st.l[c] * correction + sum;
     st.m[c] = m_new;
@@ -736,6 +753,15 @@ __device__ __forceinline__ void attend_block(const DecodeParams& p, const FragB<
 __device__ __forceinline__ void scale_by_key(float (&s)[4], const float* scales, const Lane& ln) {
   const float lo = scales[ln.g], hi = scales[ln.g + 8];
   s[0] *= lo, s[1] *= lo, s[2] *= hi, s[3] *= hi;
+}
+
+// 1 / x within an ulp (rcp.approx, subnormals kept): attend_block_fp8's unit r takes one every
+// block on the way to the P V mma, where a division's correctly rounded sequence cost ~13
+// instructions a column. O / r's error stays ~2^-23 an update of r.
+__device__ __forceinline__ float approx_rcp(float x) {
+  float y;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 // attend_block for an fp8 stage (K bytes, V bytes, scales; two m-tiles of keys) against the
@@ -781,13 +807,13 @@ __device__ __forceinline__ void attend_block_fp8(const DecodeParams& p, const Fr
     for (int kt = 0; kt < kTiles; ++kt) scale_by_key(s[kt], scales + kBlockKeys<KV> + kt * kTileKeys, ln);
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
-      float top = 0.f;
+      float top = fmaxf(fabsf(s[0][c]), fabsf(s[0][c + 2]));
 #pragma unroll
-      for (int kt = 0; kt < kTiles; ++kt) top = fmaxf(top, fmaxf(fabsf(s[kt][c]), fabsf(s[kt][c + 2])));
+      for (int kt = 1; kt < kTiles; ++kt) top = fmaxf(top, fmaxf(fabsf(s[kt][c]), fabsf(s[kt][c + 2])));
       top = column_max(top);
       const float r_old = st.r[c] * corrections[c];  // o's unit after this block's new max
       const float r_new = fmaxf(r_old, top);
-      inv[c] = r_new > 0.f ? 1.f / r_new : 0.f;
+      inv[c] = r_new > 0.f ? approx_rcp(r_new) : 0.f;
       factor[c] = r_new == r_old ? 1.f : r_old * inv[c];
       st.r[c] = r_new;
     }
