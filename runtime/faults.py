@@ -10,6 +10,7 @@ import threading
 
 import numpy as np
 
+from .capture_mode import relaxed_capture_mode
 from .context import on_device
 from .device import Device
 from .driver import call, cu
@@ -40,15 +41,27 @@ _lock = threading.Lock()
 
 
 def fault_buffer(device: Device) -> int:
-    """Device address of `device`'s fault buffer (zeroed when made). Make it before capture."""
+    """Device address of `device`'s fault buffer, made (zeroed) by the first op that reports faults."""
     with _lock:
         buffer = _buffers.get(device.ordinal)
         if buffer is None:
-            buffer = DeviceBuffer(_WORDS * 4, device)
-            with on_device(device):
-                call(cu.cuMemsetD8, buffer.ptr, 0, buffer.nbytes)
-            _buffers[device.ordinal] = buffer
+            buffer = _buffers[device.ordinal] = _zeroed_buffer(device)
         return buffer.ptr
+
+
+def _zeroed_buffer(device: Device) -> DeviceBuffer:
+    """That first op may run inside a graph capture (a host's own included), so the buffer is
+    allocated in relaxed capture mode and zeroed on a stream of its own: a synchronous memset
+    runs on the legacy stream, which a capturing blocking stream would have to wait for."""
+    with on_device(device), relaxed_capture_mode():
+        buffer = DeviceBuffer(_WORDS * 4, device)
+        zeroing = Stream.create(device=device)
+        try:
+            call(cu.cuMemsetD8Async, buffer.ptr, 0, buffer.nbytes, zeroing.handle)
+            zeroing.synchronize()
+        finally:
+            zeroing.close()
+    return buffer
 
 
 def check_faults(device: Device, stream: Stream) -> None:

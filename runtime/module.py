@@ -9,7 +9,6 @@ device of compute capability X.Y would (see arch.py).
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import json
@@ -18,6 +17,7 @@ import threading
 from importlib import resources
 
 from .arch import ARCH_ENV, arch_for, arch_key, capability, target_arch
+from .capture_mode import relaxed_capture_mode
 from .device import Device
 from .driver import CudaError, call, cu, driver_version, hot
 from .ptx_text import kernel_module
@@ -171,23 +171,6 @@ def _configure(function, device: Device, family: str) -> int:
     return limit
 
 
-_RELAXED = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED
-
-
-@contextlib.contextmanager
-def _unsafe_calls_allowed():
-    """A kernel's first use can come while this thread captures a graph (an eager call inside
-    `capture`, or inside a host's own capture). Whether the driver then counts loading a module
-    as a potentially unsafe call, refused in global and thread-local capture mode (which would
-    invalidate the capture), is not documented; a load enqueues nothing on any stream, so this
-    thread takes the relaxed mode for it and gets its own mode back after."""
-    previous = call(cu.cuThreadExchangeStreamCaptureMode, _RELAXED)
-    try:
-        yield
-    finally:
-        call(cu.cuThreadExchangeStreamCaptureMode, previous)
-
-
 _cache_lock = threading.Lock()
 _kernels: dict[tuple[int, str], Kernel] = {}
 
@@ -206,7 +189,7 @@ def get_kernel(name: str, device: Device) -> Kernel:
         kernel = _kernels.get((ctx, name))
         if kernel is not None:
             return kernel
-        with _unsafe_calls_allowed():
+        with relaxed_capture_mode():
             module, arch = _load_kernel_module(device, family, name)
             function = call(cu.cuModuleGetFunction, module, name.encode())
             kernel = Kernel(name, function, arch, _configure(function, device, family))

@@ -423,6 +423,42 @@ def kernel_loads_run_in_relaxed_capture_mode() -> None:
     assert events == [], events
 
 
+
+def fault_buffer_is_made_inside_a_capture() -> None:
+    """The device's fault buffer may be made by an op inside a graph capture: it is allocated in
+    relaxed mode and zeroed on a stream of its own (never by a synchronous memset, which runs on
+    the legacy stream), that stream is synchronized before the address is handed out, and the
+    thread's own mode is back afterwards."""
+    from cuda.bindings import driver as cu
+
+    modes = cu.CUstreamCaptureMode
+    exchange = cu.cuThreadExchangeStreamCaptureMode
+    events = []
+
+    def recording(name):
+        real = getattr(cu, name)
+
+        def record(*args):
+            mode = exchange(modes.CU_STREAM_CAPTURE_MODE_RELAXED)[1]
+            exchange(mode)
+            events.append((name, mode, args))
+            return real(*args)
+        return record
+
+    for name in ("cuMemAlloc", "cuMemsetD8", "cuMemsetD8Async", "cuStreamSynchronize"):
+        setattr(cu, name, recording(name))
+    exchange(modes.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)  # as inside a host's capture
+    ptr = fault_buffer(ptxattn.get_device(0))
+    names = [name for name, _, _ in events]
+    assert names == ["cuMemAlloc", "cuMemsetD8Async", "cuStreamSynchronize"], events
+    assert all(mode == modes.CU_STREAM_CAPTURE_MODE_RELAXED for _, mode, _ in events), events
+    (_, _, memset), (_, _, synced) = events[1], events[2]
+    assert int(memset[0]) == ptr and int(memset[3]) != 0 and int(synced[0]) == int(memset[3]), events
+    assert exchange(modes.CU_STREAM_CAPTURE_MODE_GLOBAL)[1] == modes.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, events
+    events.clear()
+    assert fault_buffer(ptxattn.get_device(0)) == ptr and events == [], events
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print(f"{sys.argv[1]}: OK")

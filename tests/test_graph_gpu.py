@@ -50,19 +50,19 @@ import numpy as np
 import ptxattn
 from ptxattn.context import on_device
 from ptxattn.driver import call, cu
-from ptxattn.faults import fault_buffer
 mode = getattr(cu.CUstreamCaptureMode, sys.argv[1])
 rng = np.random.default_rng(0)
-bf16, s = ptxattn.bfloat16, ptxattn.Stream.create()
+bf16 = ptxattn.bfloat16
+s = ptxattn.Stream.create(non_blocking=False)  # as a CuPy stream: it waits for the legacy stream
 q = ptxattn.asarray(rng.standard_normal((2, 8, 1, 128)).astype(bf16), s)
 k, v = (ptxattn.asarray(rng.standard_normal((2, 2, 4096, 128)).astype(bf16), s) for _ in range(2))
 lens = ptxattn.asarray(np.array([4000, 4096], np.int32), s)
 out = ptxattn.empty((2, 8, 1, 128), bf16)
 ws = ptxattn.empty((max(ptxattn.decode_workspace_bytes(q, k, v), 1),), np.uint8)
-fault_buffer(ptxattn.get_device(0))  # made before capture, as faults.py asks (it allocates and zeroes)
 s.synchronize()
 with on_device(ptxattn.get_device(0)):  # the raw driver calls below need the context current
-    call(cu.cuStreamBeginCapture, s.handle, mode)  # no decode kernel is loaded yet in this process
+    # No decode kernel is loaded yet in this process, nor the device's fault buffer made.
+    call(cu.cuStreamBeginCapture, s.handle, mode)
     ptxattn.decode(q, k, v, lens, out=out, workspace=ws, stream=s)
     graph = call(cu.cuStreamEndCapture, s.handle)
     out.set(np.full(out.shape, np.nan, np.float32).astype(bf16), s)
@@ -77,9 +77,9 @@ print("ok")
 @pytest.mark.parametrize("mode", ["CU_STREAM_CAPTURE_MODE_GLOBAL", "CU_STREAM_CAPTURE_MODE_THREAD_LOCAL"])
 def test_first_use_of_a_kernel_inside_a_capture(mode):
     """A fresh process's first decode is made inside a capture (a host's own, global or thread-
-    local mode): its kernels' modules load then (module.py takes the relaxed mode for that),
-    and the graph replays bitwise equal to an eager call. The device's fault buffer is made
-    before the capture: its cuMemAlloc and synchronous memset are what a capture must not see."""
+    local mode, on a blocking stream): its kernels' modules load and the device's fault buffer is
+    made then (both in relaxed mode; the buffer zeroed on a stream of its own, not the legacy
+    stream that the capturing stream waits for), and the graph replays bitwise equal to eager."""
     done = subprocess.run([sys.executable, "-c", _FIRST_USE_IN_CAPTURE, mode], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
