@@ -88,10 +88,15 @@ FP8_NAN = 0x7F  # a NaN byte in both types
 
 def fp8_cache(rng, batch, hkv, capacity, dim, fp8, lens, per_token: bool):
     """A random [B, Hkv, capacity, D] fp8 cache quantized from values whose size varies from
-    token to token, with its scale (a float, or float32 [B, Hkv, capacity]) and the float64
-    cache it stands for. Slots at or past lens[b] hold NaN bytes (and NaN scales)."""
+    token to token (fp8_quantized)."""
     magnitude = np.exp(rng.uniform(-3, 3, (batch, hkv, capacity, 1)))
-    x = rng.standard_normal((batch, hkv, capacity, dim)) * magnitude
+    return fp8_quantized(rng.standard_normal((batch, hkv, capacity, dim)) * magnitude, fp8, lens, per_token)
+
+
+def fp8_quantized(x, fp8, lens, per_token: bool):
+    """x [B, Hkv, capacity, D] quantized to fp8 with its scale (a float, or float32
+    [B, Hkv, capacity]: each token's largest magnitude to the type's largest value), and the
+    float64 cache it stands for. Slots at or past lens[b] hold NaN bytes (and NaN scales)."""
     if per_token:
         scale = (np.abs(x).max(axis=3) / FP8_MAX[fp8]).astype(np.float32)
         data = np.clip(x / scale[..., None], -FP8_MAX[fp8], FP8_MAX[fp8]).astype(fp8)

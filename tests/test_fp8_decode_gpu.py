@@ -16,7 +16,7 @@ from ptxattn.module import loaded_arch
 from ptxattn.ops.decode import plan_decode
 
 from decode_util import (FP8, FP8_IDS, FP8_NAN, GuardedAttention, check_attention, device_scale, fp8_cache,
-                         paginate, rand, to_layout)
+                         fp8_quantized, paginate, rand, to_layout)
 from gpu_util import REL_TOL, relative_error
 
 pytestmark = pytest.mark.gpu
@@ -75,6 +75,51 @@ def test_per_token_scales_of_either_sign(rng, fp8):
         sign[:, :, :64] = -1.0
         caches.append((data, (scale * sign).astype(np.float32), ref * sign[..., None]))
     (k, k_scale, k_ref), (v, v_scale, v_ref) = caches
+    o, lse = run(rng, q, k, k_scale, v, v_scale, lens)
+    check_attention(o, lse, *reference.decode(q, k_ref, v_ref, lens), ptxattn.bfloat16)
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=FP8_IDS)
+def test_per_token_v_scales_outside_f16_range(rng, fp8):
+    """P V runs on f16 operands, so probabilities times V scales must be brought into f16's
+    range: row 0's V scales are 1e-13 to 1e-10 (their products would underflow f16), row 1's
+    1e4 to 1e7 (they would overflow it), row 2's alternate token by token between those of
+    1e-7 to 1e-4 and 1e4 to 1e7. Each row is checked on its own, as their outputs differ by
+    up to 17 orders of magnitude."""
+    batch, hq, hkv, d, cap = 3, 8, 2, 128, 700
+    lens = [cap, 500, cap]
+    q = rand(rng, (batch, hq, 1, d), ptxattn.bfloat16)
+    k, k_scale, k_ref = fp8_cache(rng, batch, hkv, cap, d, fp8, lens, per_token=True)
+    v, v_scale, v_ref = fp8_cache(rng, batch, hkv, cap, d, fp8, lens, per_token=True)
+    factor = np.empty((batch, 1, cap))
+    factor[0], factor[1] = 1e-9, 1e8
+    factor[2, :, 0::2], factor[2, :, 1::2] = 1e-3, 1e8
+    v_scale = (v_scale * factor).astype(np.float32)
+    v_ref = v_ref * factor[..., None]
+    o, lse = run(rng, q, k, k_scale, v, v_scale, lens)
+    ref_o, ref_lse = reference.decode(q, k_ref, v_ref, lens)
+    for b in range(batch):
+        check_attention(o[b], lse[b], ref_o[b], ref_lse[b], ptxattn.bfloat16)
+
+
+@pytest.mark.parametrize("fp8", FP8, ids=FP8_IDS)
+def test_v_scales_of_keys_with_next_to_no_weight(rng, fp8):
+    """P V's f16 operand must be scaled by the size of p * v_scale, not of v_scale alone: one
+    key in every 32 has a V scale 1e9 times the others' and a key pointing away from its head's
+    query (its score ~40 below the others', p ~ e^-40), so it adds next to nothing; a unit
+    taken from the V scales alone would put every other key's p * v_scale / unit below f16's
+    smallest subnormal."""
+    batch, heads, d, cap = 2, 4, 128, 700
+    lens = [cap, 333]
+    q = rand(rng, (batch, heads, 1, d), ptxattn.bfloat16)
+    heavy = np.arange(5, cap, 32)
+    q64 = q[:, :, 0].astype(np.float64)
+    x_k = rng.standard_normal((batch, heads, cap, d))
+    x_k[:, :, heavy] = (-40 * q64 / np.linalg.norm(q64, axis=-1, keepdims=True))[:, :, None, :]
+    k, k_scale, k_ref = fp8_quantized(x_k, fp8, lens, per_token=True)
+    v, v_scale, v_ref = fp8_quantized(rng.standard_normal((batch, heads, cap, d)), fp8, lens, per_token=True)
+    v_scale[:, :, heavy] *= np.float32(1e9)
+    v_ref[:, :, heavy] *= 1e9
     o, lse = run(rng, q, k, k_scale, v, v_scale, lens)
     check_attention(o, lse, *reference.decode(q, k_ref, v_ref, lens), ptxattn.bfloat16)
 
@@ -192,14 +237,8 @@ def test_quantization_error(rng, fp8, per_token):
     q = rand(rng, (batch, hq, 1, d), ptxattn.bfloat16)
     x_k = rng.standard_normal((batch, hkv, cap, d))
     x_v = rng.standard_normal((batch, hkv, cap, d))
-    fmax = {FP8[0]: 448.0, FP8[1]: 57344.0}[fp8]
-
-    def quantize(x):
-        scale = (np.abs(x).max(axis=3) / fmax).astype(np.float32) if per_token else float(np.abs(x).max() / fmax)
-        s = scale[..., None] if per_token else scale
-        return np.clip(x / s, -fmax, fmax).astype(fp8), scale
-
-    (k, k_scale), (v, v_scale) = quantize(x_k), quantize(x_v)
+    k, k_scale, _ = fp8_quantized(x_k, fp8, lens, per_token)
+    v, v_scale, _ = fp8_quantized(x_v, fp8, lens, per_token)
     o = run(rng, q, k, k_scale, v, v_scale, lens)[0]
     error = relative_error(o, reference.decode(q, x_k, x_v, lens)[0])
     print(f"\nfp8 {fp8} {'per-token' if per_token else 'per-tensor'} scales: relative error {error:.4f} "
