@@ -22,6 +22,7 @@ import ptxattn
 from ptxattn.context import on_device
 from ptxattn.driver import cu, hot
 from ptxattn.module import get_kernel
+from ptxattn.ops.prepared import _programmatic_config
 from ptxattn.ops.probe import ProbeParams
 
 from bench_common import back_to_back_us, host_us_each
@@ -67,6 +68,14 @@ def _probe_rows(args, dev) -> list[dict]:
     def raw():
         cu.cuLaunchKernel(kernel.function, 1, 1, 1, 32, 1, 1, 0, stream.handle, argv, 0)
 
+    # Decode's combine goes out this way on sm_90 (Binding.launch_all: the cached config, the
+    # stream set per call), with the programmatic-serialization attribute.
+    config = _programmatic_config((1, 1, 1), (32, 1, 1), 0)
+
+    def raw_ex():
+        config.hStream = stream.ptr
+        cu.cuLaunchKernelEx(config, kernel.function, argv, 0)
+
     u, vp = ctypes.c_uint, ctypes.c_void_p
     c_launch = hot().lib.cuLaunchKernel
     c_launch.restype, c_launch.argtypes = ctypes.c_int, [vp, u, u, u, u, u, u, u, vp, vp, vp]
@@ -75,7 +84,9 @@ def _probe_rows(args, dev) -> list[dict]:
     def raw_ctypes():
         c_launch(fn_handle, 1, 1, 1, 32, 1, 1, 0, stream_handle, argv, None)
 
-    for name, fn in (("raw cuda-python cuLaunchKernel", raw), ("raw ctypes libcuda cuLaunchKernel", raw_ctypes),
+    for name, fn in (("raw cuda-python cuLaunchKernel", raw),
+                     ("raw cuda-python cuLaunchKernelEx, programmatic (as decode's combine)", raw_ex),
+                     ("raw ctypes libcuda cuLaunchKernel", raw_ctypes),
                      ("ptxattn Kernel.launch", ours),
                      ("ptxattn context check + kernel lookup + launch", ours_with_lookup)):
         us = min(_per_launch_us(fn, count) for _ in range(3))
