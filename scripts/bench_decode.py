@@ -53,7 +53,7 @@ def _paged(rng, *caches, page_size: int):
     return (*(pool_of(c) for c in caches), pages.reshape(b, per_row).astype(np.int32))
 
 
-def _fp8_cache(rng, shape):
+def fp8_cache(rng, shape):
     """Random finite e4m3 bytes (no NaN: 0x7f / 0xff) and per-token scales in [0.005, 0.02]."""
     data = rng.integers(0, 0x7F, shape, dtype=np.uint8) | (rng.integers(0, 2, shape, dtype=np.uint8) << 7)
     return data.view(FP8), rng.uniform(0.005, 0.02, shape[:3]).astype(np.float32)
@@ -160,7 +160,7 @@ def _fp8_columns(rng, row, timings, host_sets, dev_lens, lens, out, workspace, c
     and its error on the checked rows against the reference over the dequantized cache."""
     b, hkv, cap, _ = host_sets[0][1].shape
     count = rotation_count(2 * b * hkv * cap * (D + 4))
-    fp8_host = [(host_sets[i % len(host_sets)][0], *_fp8_cache(rng, (b, hkv, cap, D)), *_fp8_cache(rng, (b, hkv, cap, D)))
+    fp8_host = [(host_sets[i % len(host_sets)][0], *fp8_cache(rng, (b, hkv, cap, D)), *fp8_cache(rng, (b, hkv, cap, D)))
                 for i in range(count)]
     fp8_sets = [tuple(upload(t) for t in s) for s in fp8_host]
 

@@ -22,7 +22,7 @@ import ptxattn
 from ptxattn.context import on_device
 from ptxattn.driver import cu, hot
 from ptxattn.module import get_kernel
-from ptxattn.ops.prepared import _programmatic_config
+from ptxattn.ops.prepared import programmatic_config
 from ptxattn.ops.probe import ProbeParams
 
 from bench_common import back_to_back_us, host_us_each
@@ -70,7 +70,7 @@ def _probe_rows(args, dev) -> list[dict]:
 
     # Decode's combine goes out this way on sm_90 (Binding.launch_all: the cached config, the
     # stream set per call), with the programmatic-serialization attribute.
-    config = _programmatic_config((1, 1, 1), (32, 1, 1), 0)
+    config = programmatic_config((1, 1, 1), (32, 1, 1), 0)
 
     def raw_ex():
         config.hStream = stream.ptr

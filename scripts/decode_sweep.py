@@ -80,7 +80,7 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed
 
     import ptxattn
     from bench_common import rotation_count, time_ms
-    from bench_decode import FP8, _fp8_cache
+    from bench_decode import FP8, fp8_cache
     from ptxattn.ops import decode as decode_module
     from ptxattn.ops.prepared import clear_bindings
 
@@ -94,7 +94,7 @@ def sweep_shape(torch, name: str, batch: int, capacity: int, uniform: bool, seed
     for _ in range(rotation_count(2 * batch * HKV * capacity * D * kv_bytes)):
         q = torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.bfloat16, generator=gen)
         if fp8:  # (q, k, k_scale, v, v_scale) as bench_decode makes them, the reference's cache dequantized
-            kv = [ptxattn.asarray(x) for _ in range(2) for x in _fp8_cache(rng, (batch, HKV, capacity, D))]
+            kv = [ptxattn.asarray(x) for _ in range(2) for x in fp8_cache(rng, (batch, HKV, capacity, D))]
             sets.append((q, *kv))
         else:
             sets.append((q, *(torch.randn(batch, HKV, capacity, D, device="cuda", dtype=torch.bfloat16,

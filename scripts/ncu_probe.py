@@ -20,7 +20,7 @@ import numpy as np
 import ptxattn
 
 from bench_common import random_host, stream, upload
-from bench_decode import D, HKV, HQ, _fp8_cache
+from bench_decode import D, HKV, HQ, fp8_cache
 
 CALLS = 3
 BF16 = ptxattn.bfloat16
@@ -55,7 +55,7 @@ def decode(cache: str, b: int, capacity: int) -> None:
         k, v = upload(random_host(rng, shape, BF16)), upload(random_host(rng, shape, BF16))
         scales = {}
     else:
-        (k, k_scale), (v, v_scale) = _fp8_cache(rng, shape), _fp8_cache(rng, shape)
+        (k, k_scale), (v, v_scale) = fp8_cache(rng, shape), fp8_cache(rng, shape)
         k, v = upload(k), upload(v)
         scales = {"k_scale": upload(k_scale), "v_scale": upload(v_scale)}
     for _ in range(CALLS):

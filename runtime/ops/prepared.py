@@ -69,14 +69,16 @@ class Launch:
         self.argv = params.kernel_args
         self.config = None
         if programmatic and capability(found.arch) >= _PROGRAMMATIC_ARCH:
-            self.config = _programmatic_config(self.grid, self.block, shared)
+            self.config = programmatic_config(self.grid, self.block, shared)
 
     def pointer(self, field: str) -> ctypes.c_uint64:
         """A view of one pointer field of the struct, to rewrite in place."""
         return ctypes.c_uint64.from_buffer(self.params, getattr(type(self.params), field).offset)
 
 
-def _programmatic_config(grid, block, shared: int):
+def programmatic_config(grid, block, shared: int):
+    """A launch's cuLaunchKernelEx configuration with programmatic stream serialization (the
+    stream is set per launch: Binding.launch_all)."""
     config = cu.CUlaunchConfig()
     config.gridDimX, config.gridDimY, config.gridDimZ = grid
     config.blockDimX, config.blockDimY, config.blockDimZ = block
