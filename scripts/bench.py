@@ -7,12 +7,14 @@ short by a timeout keeps what it measured.
 
     python scripts/bench.py                       # every suite
     python scripts/bench.py --suite prefill decode --out /tmp/bench
+    python scripts/bench.py --suite prefill --quick --rows 'S512|S1024'   # a few rows, by name
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -82,6 +84,9 @@ def main() -> int:
     parser.add_argument("--suite", nargs="+", choices=sorted(SUITES), default=list(SUITES))
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
+    parser.add_argument("--rows", metavar="REGEX", type=re.compile,
+                        help="prefill suite: only the rows whose name matches (re.search), chosen from every row "
+                             "with or without --quick, e.g. --rows 'S512|S1024'")
     parser.add_argument("--sm90-plain", action="store_true",
                         help="prefill suite: also time the plain wgmma sm_90a kernels (PTXATTN_SM90_WS=0) beside the "
                              "default warp-specialized ones, and compare their outputs bit for bit")

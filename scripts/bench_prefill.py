@@ -125,13 +125,26 @@ def _sm90_setting(setting: str, value):
         prepared.clear_bindings()
 
 
+def chosen_shapes(args) -> list[Shape]:
+    """The rows to run: those whose name matches args.rows (among all of them), else QUICK's
+    under --quick, else all."""
+    rows = getattr(args, "rows", None)
+    if rows is None:
+        return QUICK if args.quick else SHAPES
+    chosen = [shape for shape in SHAPES if rows.search(shape.name)]
+    if not chosen:
+        raise SystemExit(f"bench.py --rows {rows.pattern!r}: no prefill row matches; the rows are "
+                         + "; ".join(shape.name for shape in SHAPES))
+    return chosen
+
+
 def run(args) -> list[dict]:
     torch = torch_cuda()
     backends = torch_sdpa_backends() if torch is not None else {}
     rng = np.random.default_rng(0)
     repeat = 5 if args.quick else 30
     rows = []
-    for shape in QUICK if args.quick else SHAPES:
+    for shape in chosen_shapes(args):
         b, hq, hkv, s = shape.b, shape.hq, shape.hkv, shape.s
         bytes_per_set = 2 * (b * hq * s * shape.dqk + b * hkv * s * (shape.dqk + shape.dv))
         dims = (shape.dqk, shape.dqk, shape.dv)
