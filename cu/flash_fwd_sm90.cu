@@ -580,7 +580,7 @@ __device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const
   for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
     const int chunk = i * 128 + (threadIdx.x & 127), r = chunk / CHUNKS, c = chunk % CHUNKS;
     if (group_row0 + r < seq_q && c * 8 < p.dim_v)
-      *reinterpret_cast<uint4*>(go + r * p.o_seq_stride + c * 8) = ld_shared_16(q_group + sw128_offset<Tile::ROWS>(r, c));
+      st_global_16(go + r * p.o_seq_stride + c * 8, ld_shared_16(q_group + sw128_offset<Tile::ROWS>(r, c)));
   }
 }
 
