@@ -25,9 +25,9 @@ __device__ __forceinline__ uint4 ld_shared_16(unsigned smem_addr) {
                : "memory");
   return v;
 }
-// A 16-byte global store to a 16-byte aligned address. NVRTC lowers a uint4 assignment whose
-// value comes from asm outputs (ld_shared_16's) as four 4-byte stores, which moved each output
-// sector four times (flash_fwd_notes v23).
+// A 16-byte global store to a 16-byte aligned address. NVRTC compiled store_rows_staged's
+// `*reinterpret_cast<uint4*>(dst) = ld_shared_16(..)` into four 4-byte stores, which moved each
+// output sector four times (flash_fwd_notes v23).
 __device__ __forceinline__ void st_global_16(void* ptr, uint4 v) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
