@@ -1,7 +1,8 @@
 // Thin wrappers over the PTX instructions the tensor-core kernels share: shared-memory
-// addresses and stores, cp.async with commit/wait groups, ldmatrix, movmatrix, mma.sync m16n8k16 (f16/bf16
-// in, fp32 accumulate), packing fp32 pairs into mma operands, ftz exp2, and the XOR
-// swizzle of 16-byte chunks that keeps ldmatrix and cp.async free of bank conflicts.
+// addresses, loads and stores, a 16-byte global store, cp.async with commit/wait groups,
+// ldmatrix, movmatrix, mma.sync m16n8k16 (f16/bf16 in, fp32 accumulate), packing fp32 pairs
+// into mma operands, ftz exp2, and the XOR swizzle of 16-byte chunks that keeps ldmatrix and
+// cp.async free of bank conflicts.
 #pragma once
 #include "common.cuh"
 
@@ -11,7 +12,7 @@ __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
   return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
 }
 
-// 16 bytes to / from a shared-window byte address (and 4 bytes to one).
+// 16 bytes to / from a shared-window byte address (and 4 bytes to one); 16 bytes to global memory.
 __device__ __forceinline__ void st_shared_16(unsigned smem_addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");

@@ -128,12 +128,11 @@ def _sm90_setting(setting: str, value):
 def chosen_shapes(args) -> list[Shape]:
     """The rows to run: those whose name matches args.rows (among all of them), else QUICK's
     under --quick, else all."""
-    rows = getattr(args, "rows", None)
-    if rows is None:
+    if args.rows is None:
         return QUICK if args.quick else SHAPES
-    chosen = [shape for shape in SHAPES if rows.search(shape.name)]
+    chosen = [shape for shape in SHAPES if args.rows.search(shape.name)]
     if not chosen:
-        raise SystemExit(f"bench.py --rows {rows.pattern!r}: no prefill row matches; the rows are "
+        raise SystemExit(f"bench.py --rows {args.rows.pattern!r}: no prefill row matches; the rows are "
                          + "; ".join(shape.name for shape in SHAPES))
     return chosen
 
