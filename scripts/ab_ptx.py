@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Times builds of one PTX file against each other on the GPU machine, in one call: each
+variant's text is put in place of the shipped ptx/<arch>/<family>.ptx in turn, `rounds` times
+over (alternating, so drift shows as spread rather than as a difference), bench.py runs the
+chosen suite and rows on it in a fresh process, and a table gives each row's metric per
+variant and round beside a reference column of the same runs (cuDNN's, by default). The
+shipped file is put back afterwards, whatever happened.
+
+    python scripts/ab_ptx.py --rows 'S512|S1024' main=/tmp/main.ptx.gz cand=ptx/sm_90a/flash_fwd_sm90.ptx
+
+A variant is NAME=PATH, PATH a PTX file or a gzip of one (read before anything is swapped, so
+the shipped file itself can be a variant). Each run's bench.py output lands in --out.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().with_name("bench.py")
+
+
+def read_variant(spec: str) -> tuple[str, bytes]:
+    """NAME=PATH -> (NAME, the PTX bytes), gunzipped where PATH ends in .gz."""
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise SystemExit(f"ab_ptx: a variant is NAME=PATH, got {spec!r}")
+    data = Path(path).read_bytes()
+    return name, gzip.decompress(data) if path.endswith(".gz") else data
+
+
+@contextlib.contextmanager
+def swapped(target: Path, data: bytes):
+    """`target` holds `data` inside; its own bytes are back on the way out."""
+    shipped = target.read_bytes()
+    try:
+        target.write_bytes(data)
+        yield
+    finally:
+        target.write_bytes(shipped)
+
+
+def summarize(runs: list[tuple[str, list[dict]]], metric: str, beside: str) -> list[str]:
+    """A line a row (by its shape): each variant's metric, round after round, then the
+    reference column's values over every run."""
+    table: dict[str, dict[str, list]] = {}
+    references: dict[str, list] = {}
+    for name, rows in runs:
+        for row in rows:
+            table.setdefault(row["shape"], {}).setdefault(name, []).append(row.get(metric))
+            references.setdefault(row["shape"], []).append(row.get(beside))
+
+    def fmt(values):
+        return ", ".join("-" if v is None else f"{v:.4g}" for v in values)
+    return [f"{shape}: " + " | ".join(f"{name} {fmt(values)}" for name, values in per.items()) +
+            f" | {beside} {fmt(references[shape])}" for shape, per in table.items()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variants", nargs="+", metavar="NAME=PATH")
+    parser.add_argument("--family", default="flash_fwd_sm90")
+    parser.add_argument("--arch", default="sm_90a")
+    parser.add_argument("--suite", default="prefill")
+    parser.add_argument("--rows", help="bench.py --rows (prefill suite)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--metric", default="ptxattn_tflops")
+    parser.add_argument("--beside", default="torch_cudnn_tflops", help="a reference column, shown over every run")
+    parser.add_argument("--full", action="store_true", help="bench.py without --quick")
+    parser.add_argument("--out", type=Path, default=Path("ab_results"))
+    args = parser.parse_args()
+    variants = [read_variant(spec) for spec in args.variants]
+    names = [name for name, _ in variants]
+    if len(set(names)) != len(names):
+        raise SystemExit(f"ab_ptx: variant names must differ, got {names}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    target = Path(str(resources.files("ptxattn.ptx") / args.arch / f"{args.family}.ptx"))
+    runs = []
+    for round_ in range(1, args.rounds + 1):
+        for name, data in variants:
+            out = args.out / f"{name}{round_}"
+            command = [sys.executable, str(BENCH), "--suite", args.suite, "--out", str(out)]
+            command += [] if args.full else ["--quick"]
+            command += ["--rows", args.rows] if args.rows else []
+            with swapped(target, data):
+                done = subprocess.run(command, capture_output=True, text=True)
+            (args.out / f"{name}{round_}.log").write_text(done.stdout + done.stderr)
+            if done.returncode != 0:
+                print(f"ab_ptx: {name}, round {round_}: bench.py exited {done.returncode}:\n{done.stderr[-2000:]}")
+                return 1
+            runs.append((name, json.loads((out / "bench.json").read_text())[args.suite]))
+            print(f"ab_ptx: {name}, round {round_} done", flush=True)
+    print("\n".join(summarize(runs, args.metric, args.beside)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""scripts/ab_ptx.py without a GPU: its swap puts the shipped PTX back even when the run inside
+fails, and a whole run over the host suite (the fake driver) gives a line a row with every
+variant's rounds, leaving the shipped file as it was."""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import subprocess
+import sys
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+sys.path.insert(0, str(SCRIPTS))
+
+import ab_ptx  # noqa: E402
+
+
+def test_swap_puts_the_shipped_bytes_back(tmp_path):
+    target = tmp_path / "f.ptx"
+    target.write_bytes(b"shipped")
+    with pytest.raises(RuntimeError):
+        with ab_ptx.swapped(target, b"candidate"):
+            assert target.read_bytes() == b"candidate"
+            raise RuntimeError("the bench failed")
+    assert target.read_bytes() == b"shipped"
+
+
+def test_variants_read_plain_and_gzipped(tmp_path):
+    (tmp_path / "a.ptx").write_bytes(b"text")
+    (tmp_path / "b.ptx.gz").write_bytes(gzip.compress(b"text"))
+    assert ab_ptx.read_variant(f"a={tmp_path / 'a.ptx'}") == ("a", b"text")
+    assert ab_ptx.read_variant(f"b={tmp_path / 'b.ptx.gz'}") == ("b", b"text")
+    with pytest.raises(SystemExit):
+        ab_ptx.read_variant(str(tmp_path / "a.ptx"))
+
+
+def test_summary_lists_each_variants_rounds_beside_the_reference():
+    runs = [("main", [{"shape": "S512", "ours": 250.0, "ref": 340.0}]),
+            ("cand", [{"shape": "S512", "ours": 260.0, "ref": 342.0}]),
+            ("main", [{"shape": "S512", "ours": 251.0, "ref": None}])]
+    assert ab_ptx.summarize(runs, "ours", "ref") == ["S512: main 250, 251 | cand 260 | ref 340, 342, -"]
+
+
+def test_a_whole_run_on_the_host_suite(tmp_path):
+    # Both variants hold the shipped bytes, so a run cut short leaves the package as it was.
+    shipped = Path(str(resources.files("ptxattn.ptx") / "sm_80" / "softmax.ptx"))
+    before = shipped.read_bytes()
+    (tmp_path / "same.ptx.gz").write_bytes(gzip.compress(before))
+    done = subprocess.run([sys.executable, str(SCRIPTS / "ab_ptx.py"), "--suite", "host", "--family", "softmax",
+                           "--arch", "sm_80", "--metric", "eager_us", "--beside", "prepared_us",
+                           "--out", str(tmp_path / "out"), f"a={shipped}", f"b={tmp_path / 'same.ptx.gz'}"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    shapes = [row["shape"] for row in json.loads((tmp_path / "out" / "b2" / "bench.json").read_text())["host"]]
+    lines = done.stdout.splitlines()[-len(shapes):]
+    assert shapes and [line.partition(": a ")[0] for line in lines] == shapes, done.stdout
+    assert all(re.fullmatch(r".*: a [\d.]+, [\d.]+ \| b [\d.]+, [\d.]+ \| prepared_us .*", line) for line in lines), \
+        done.stdout
+    assert shipped.read_bytes() == before
