@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import gzip
 import json
+import signal
 import subprocess
 import sys
 from importlib import resources
@@ -32,6 +33,12 @@ def read_variant(spec: str) -> tuple[str, bytes]:
         raise SystemExit(f"ab_ptx: a variant is NAME=PATH, got {spec!r}")
     data = Path(path).read_bytes()
     return name, gzip.decompress(data) if path.endswith(".gz") else data
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (an outer `timeout`) leaves through SystemExit, so `swapped` still puts the
+    shipped file back (and subprocess.run kills the bench it waits for)."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 @contextlib.contextmanager
@@ -73,30 +80,37 @@ def main() -> int:
     parser.add_argument("--beside", default="torch_cudnn_tflops", help="a reference column, shown over every run")
     parser.add_argument("--full", action="store_true", help="bench.py without --quick")
     parser.add_argument("--out", type=Path, default=Path("ab_results"))
+    parser.add_argument("--run-timeout", type=float, help="seconds a bench.py run may take")
     args = parser.parse_args()
+    exit_on_sigterm()
     variants = [read_variant(spec) for spec in args.variants]
     names = [name for name, _ in variants]
     if len(set(names)) != len(names):
         raise SystemExit(f"ab_ptx: variant names must differ, got {names}")
     args.out.mkdir(parents=True, exist_ok=True)
     target = Path(str(resources.files("ptxattn.ptx") / args.arch / f"{args.family}.ptx"))
-    runs = []
-    for round_ in range(1, args.rounds + 1):
-        for name, data in variants:
-            out = args.out / f"{name}{round_}"
-            command = [sys.executable, str(BENCH), "--suite", args.suite, "--out", str(out)]
-            command += [] if args.full else ["--quick"]
-            command += ["--rows", args.rows] if args.rows else []
+    runs, failure = [], None
+    for round_, (name, data) in ((r, v) for r in range(1, args.rounds + 1) for v in variants):
+        out = args.out / f"{name}{round_}"
+        command = [sys.executable, str(BENCH), "--suite", args.suite, "--out", str(out)]
+        command += [] if args.full else ["--quick"]
+        command += ["--rows", args.rows] if args.rows else []
+        try:
             with swapped(target, data):
-                done = subprocess.run(command, capture_output=True, text=True)
-            (args.out / f"{name}{round_}.log").write_text(done.stdout + done.stderr)
-            if done.returncode != 0:
-                print(f"ab_ptx: {name}, round {round_}: bench.py exited {done.returncode}:\n{done.stderr[-2000:]}")
-                return 1
-            runs.append((name, json.loads((out / "bench.json").read_text())[args.suite]))
-            print(f"ab_ptx: {name}, round {round_} done", flush=True)
-    print("\n".join(summarize(runs, args.metric, args.beside)))
-    return 0
+                done = subprocess.run(command, capture_output=True, text=True, timeout=args.run_timeout)
+        except subprocess.TimeoutExpired:
+            failure = f"{name}, round {round_}: bench.py ran past {args.run_timeout} s"
+            break
+        (args.out / f"{name}{round_}.log").write_text(done.stdout + done.stderr)
+        if done.returncode != 0:
+            failure = f"{name}, round {round_}: bench.py exited {done.returncode}:\n{done.stderr[-2000:]}"
+            break
+        runs.append((name, json.loads((out / "bench.json").read_text())[args.suite]))
+        print(f"ab_ptx: {name}, round {round_} done", flush=True)
+    print("\n".join(summarize(runs, args.metric, args.beside)))  # what was measured, even when cut short
+    if failure:
+        print(f"ab_ptx: {failure}")
+    return 1 if failure else 0
 
 
 if __name__ == "__main__":

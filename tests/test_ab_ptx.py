@@ -1,9 +1,11 @@
-"""scripts/ab_ptx.py without a GPU: its swap puts the shipped PTX back even when the run inside
-fails, and a whole run over the host suite (the fake driver) gives a line a row with every
-variant's rounds, leaving the shipped file as it was."""
+"""scripts/ab_ptx.py without a GPU: its swap puts the shipped PTX back when the run inside fails
+or a SIGTERM (an outer timeout) ends it, a failed bench run stops it with exit status 1, and a
+whole run over the host suite (the fake driver) gives a line a row with every variant's rounds,
+leaving the shipped file as it was."""
 from __future__ import annotations
 
 import gzip
+import signal
 import json
 import re
 import subprocess
@@ -60,4 +62,31 @@ def test_a_whole_run_on_the_host_suite(tmp_path):
     assert shapes and [line.partition(": a ")[0] for line in lines] == shapes, done.stdout
     assert all(re.fullmatch(r".*: a [\d.]+, [\d.]+ \| b [\d.]+, [\d.]+ \| prepared_us .*", line) for line in lines), \
         done.stdout
+    assert shipped.read_bytes() == before
+
+
+def test_sigterm_inside_a_swap_puts_the_shipped_bytes_back(tmp_path):
+    # An outer `timeout` ends a run with SIGTERM: the file must not stay swapped.
+    target = tmp_path / "f.ptx"
+    target.write_bytes(b"shipped")
+    code = (f"import os, signal, sys, time; sys.path.insert(0, {str(SCRIPTS)!r}); import ab_ptx; "
+            f"ab_ptx.exit_on_sigterm(); from pathlib import Path\n"
+            f"with ab_ptx.swapped(Path({str(target)!r}), b'candidate'):\n"
+            f"    os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert target.read_bytes() == b"shipped"
+
+
+def test_a_failed_run_stops_with_what_was_measured(tmp_path):
+    # Without a GPU the prefill suite's bench.py exits 1 at once: ab_ptx says so, exits 1 and
+    # leaves the shipped file as it was (the variant holds its bytes anyway).
+    import bench
+    if bench.gpu_unavailable() is None:
+        pytest.skip("a GPU is here: bench.py's prefill suite would run rather than fail")
+    shipped = Path(str(resources.files("ptxattn.ptx") / "sm_90a" / "flash_fwd_sm90.ptx"))
+    before = shipped.read_bytes()
+    done = subprocess.run([sys.executable, str(SCRIPTS / "ab_ptx.py"), "--out", str(tmp_path / "out"),
+                           f"a={shipped}"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "a, round 1: bench.py exited 1" in done.stdout, done.stdout + done.stderr
     assert shipped.read_bytes() == before
