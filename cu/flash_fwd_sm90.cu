@@ -81,6 +81,14 @@ __device__ __forceinline__ unsigned long long k_major_desc(unsigned addr) { retu
 __device__ __forceinline__ unsigned long long mn_major_desc(unsigned addr, unsigned half) {
   return sw128_desc(addr, half, 1024);
 }
+// The descriptor of the operand `offset` bytes (a multiple of 16) past `desc`'s: one add on the
+// address field (bits 0-13, address >> 4), which cannot carry out since shared addresses stay
+// below 256 KB. Built from a base descriptor, a k step's descriptors cost one add each rather
+// than sw128_desc's four operations on its address.
+__device__ __forceinline__ unsigned long long desc_at(unsigned long long desc, unsigned offset) {
+  const unsigned lo = static_cast<unsigned>(desc) + (offset >> 4), hi = static_cast<unsigned>(desc >> 32);
+  return static_cast<unsigned long long>(hi) << 32 | lo;
+}
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -393,14 +401,17 @@ __device__ __forceinline__ void convert_fp8_rows(unsigned dst, float* key_scales
 
 // ---- the per-tile steps of a warpgroup (flash_fwd_wgmma, and flash_fwd_sm90_ws.cuh's consumers) ----
 // S = Q K^T issued (not waited for): DQK / 16 k16 steps, 4 in each half (32 bytes a step
-// inside a row); q_group is the warpgroup's 64 rows of the Q tile, k the K stage.
+// inside a row); q_group is the warpgroup's 64 rows of the Q tile, k the K stage. K's step
+// descriptors come from one base (desc_at); Q's stay built a step at a time, since a Q base
+// held across the key loop made the general and D256 kernels spill more (ptxas).
 template <class T, class Tile>
 __device__ __forceinline__ void issue_qk(float (&s)[Tile::KEYS / 2], unsigned q_group, unsigned k) {
+  const unsigned long long k_desc = k_major_desc(k);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < Tile::DQK / 16; ++ks) {
     const unsigned step = (ks & 3) * 32, half = ks >> 2;
-    wgmma_ss<T>(s, k_major_desc(q_group + half * Tile::Q_HALF + step), k_major_desc(k + half * Tile::KV_HALF + step),
+    wgmma_ss<T>(s, k_major_desc(q_group + half * Tile::Q_HALF + step), desc_at(k_desc, half * Tile::KV_HALF + step),
                 ks > 0);
   }
   wgmma_commit();
@@ -493,13 +504,14 @@ __device__ __forceinline__ void pack_p(const float (&s)[KEYS / 2], unsigned (&pa
 template <class T, class Tile, int O_REGS>
 __device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa)[Tile::KEYS / 16][4], unsigned v) {
   constexpr int kSlab = O_REGS < 64 ? O_REGS : 64;  // accumulators of one wgmma
+  const unsigned long long v_desc = mn_major_desc(v, Tile::KV_HALF);
   wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < Tile::KEYS / 16; ++kk)
 #pragma unroll
     for (int n = 0; n < O_REGS / kSlab; ++n)
       wgmma_rs<T>(*reinterpret_cast<float(*)[kSlab]>(o + n * kSlab), pa[kk],
-                  mn_major_desc(v + n * 2 * Tile::KV_HALF + kk * 16 * 128, Tile::KV_HALF));
+                  desc_at(v_desc, n * 2 * Tile::KV_HALF + kk * 16 * 128));
   wgmma_commit();
 }
 
