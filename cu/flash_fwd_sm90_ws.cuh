@@ -29,11 +29,12 @@
 // empty (the wait keeps its arrival from counting towards the stage's previous use). Its own
 // tiles run FA3's intra-warpgroup overlap:
 //   S(b) = Q K(b); wait; softmax -> P(b)
-//   for t in b+1 .. e-1: issue S(t) = Q K(t); issue O += P(t-1) V(t-1); wait S; release K(t);
-//                        softmax(t) (alpha kept); wait O; release V(t-1); O *= alpha; P(t)
+//   for t in b+1 .. e-1: wait K(t) and V(t-1) full; issue S(t) = Q K(t); issue O += P(t-1) V(t-1);
+//                        wait S; release K(t); softmax(t) (alpha kept); wait O; release V(t-1);
+//                        O *= alpha; P(t)
 //   O += P(e-1) V(e-1); wait; release V(e-1)
-// Each wait on a full barrier is followed by fence.proxy.async (cp.async writes through the
-// generic proxy, wgmma reads through the async one). A release is one arrival per warp (lane
+// The waits on full barriers are followed by fence.proxy.async (cp.async writes through the
+// generic proxy, wgmma reads through the async one): one fence for K(t) and V(t-1) together. A release is one arrival per warp (lane
 // 0, after the warp's wgmma.wait_group): empty barriers count 4 * CONSUMERS.
 // O sees the same operations in the same order as in flash_fwd_wgmma (its first rescale is of
 // zeros, skipped here; then O += P V, O *= alpha, ... alternate exactly as there), and a
@@ -63,7 +64,8 @@
 // each barrier then sees exactly as many bar.sync warpgroups as bar.arrive ones (barrier 1:
 // N - 1 each, the others N each, N turns), and no barrier can complete on arrivals alone (an
 // arrival of the next round comes only after the waiter's wait of this one). The waits on
-// full barriers stay where they were (K(t) before turn t's wait, V(t-1) inside the turn);
+// full barriers come before the turn's wait (K(t) and V(t-1) before turn t's, V(e-1) before
+// turn e's), so a turn holds nothing but its wgmma issues;
 // passes (wait, release) sit between turns, pass(t) before turn t's wait (the tiles before
 // a warpgroup's own) or turn t + 1's (those after).
 // Why no deadlock, by induction over t: the only waits between a consumer's arrival of turn
@@ -276,6 +278,11 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       mbar_wait(v_full(stage_of(t)), parity_of(t));
       fence_proxy_async();
     };
+    auto wait_k_and_previous_v = [&](int t) {  // K(t) and V(t - 1), one fence for both
+      mbar_wait(k_full(stage_of(t)), parity_of(t));
+      mbar_wait(v_full(stage_of(t - 1)), parity_of(t - 1));
+      fence_proxy_async();
+    };
     auto release_k = [&](int t) {
       if (lane == 0) mbar_arrive(k_empty(stage_of(t)));
     };
@@ -325,11 +332,10 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);  // O is 0: no rescale
       pack_p<T, KEYS>(s, pa);
       for (int t = my_begin + 1; t < my_end; ++t) {
-        wait_k(t);
+        wait_k_and_previous_v(t);
         turn_wait(t);
         issue_qk<T, Tile>(s, q_group, k_addr(stage_of(t)));
         fence_registers(s);
-        wait_v(t - 1);
         issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
         fence_registers(o);
         turn_arrive(t);
