@@ -160,6 +160,15 @@ template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Keeps the key loop's wait for P(t-1) V, and P(t)'s packing behind it, after tile t's softmax.
+// Left alone, ptxas hoists the wait above the softmax so that the packing (which overwrites
+// the registers the P V still in flight reads) can start beside the exponentials: in every
+// ws_pp kernel's SASS the wait came before the first MUFU, so a warpgroup's softmax never
+// overlapped its own P V. A branch on the row sum, never taken (a sum is >= 0 or NaN), ends
+// the softmax's block, and ptxas does not move the wait above it.
+__device__ __forceinline__ void wait_after_softmax(float row_sum) {
+  if (row_sum == -1.f) asm volatile("nanosleep.u32 0;\n");
+}
 template <int N>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
@@ -344,6 +353,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         release_k(t);
         make_scores(s, t);
         online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);
+        wait_after_softmax(row_sum[0]);
         wgmma_wait<0>();
         fence_registers(o);
         release_v(t - 1);
