@@ -34,8 +34,9 @@
 //                        O *= alpha; P(t)
 //   O += P(e-1) V(e-1); wait; release V(e-1)
 // The waits on full barriers are followed by fence.proxy.async (cp.async writes through the
-// generic proxy, wgmma reads through the async one): one fence for K(t) and V(t-1) together. A release is one arrival per warp (lane
-// 0, after the warp's wgmma.wait_group): empty barriers count 4 * CONSUMERS.
+// generic proxy, wgmma reads through the async one): one fence for K(t) and V(t-1) together.
+// A release is one arrival per warp (lane 0, after the warp's wgmma.wait_group): empty
+// barriers count 4 * CONSUMERS.
 // O sees the same operations in the same order as in flash_fwd_wgmma (its first rescale is of
 // zeros, skipped here; then O += P V, O *= alpha, ... alternate exactly as there), and a
 // skipped tile is one whose keys all its rows cut, which flash_fwd_wgmma skips too: outputs
