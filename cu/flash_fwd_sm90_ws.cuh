@@ -280,17 +280,20 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     while (my_begin < my_end && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_begin)) ++my_begin;
     while (my_end > my_begin && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_end - 1)) --my_end;
 
+    // A tile's K or V has landed; a wgmma may read it once a fence.proxy.async follows.
+    auto k_landed = [&](int t) { mbar_wait(k_full(stage_of(t)), parity_of(t)); };
+    auto v_landed = [&](int t) { mbar_wait(v_full(stage_of(t)), parity_of(t)); };
     auto wait_k = [&](int t) {
-      mbar_wait(k_full(stage_of(t)), parity_of(t));
+      k_landed(t);
       fence_proxy_async();
     };
     auto wait_v = [&](int t) {
-      mbar_wait(v_full(stage_of(t)), parity_of(t));
+      v_landed(t);
       fence_proxy_async();
     };
     auto wait_k_and_previous_v = [&](int t) {  // K(t) and V(t - 1), one fence for both
-      mbar_wait(k_full(stage_of(t)), parity_of(t));
-      mbar_wait(v_full(stage_of(t - 1)), parity_of(t - 1));
+      k_landed(t);
+      v_landed(t - 1);
       fence_proxy_async();
     };
     auto release_k = [&](int t) {
@@ -300,9 +303,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       if (lane == 0) mbar_arrive(v_empty(stage_of(t)));
     };
     auto pass = [&](int t) {  // a tile this warpgroup's rows do not see
-      mbar_wait(k_full(stage_of(t)), parity_of(t));
+      k_landed(t);
       release_k(t);
-      mbar_wait(v_full(stage_of(t)), parity_of(t));
+      v_landed(t);
       release_v(t);
     };
     // Ping-pong turns (see the top comment): turn t's wait before its wgmmas are issued, its
