@@ -29,12 +29,17 @@
 // empty (the wait keeps its arrival from counting towards the stage's previous use). Its own
 // tiles run FA3's intra-warpgroup overlap:
 //   S(b) = Q K(b); wait; softmax -> P(b)
-//   for t in b+1 .. e-1: wait K(t) and V(t-1) full; issue S(t) = Q K(t); issue O += P(t-1) V(t-1);
-//                        wait S; release K(t); softmax(t) (alpha kept); wait O; release V(t-1);
-//                        O *= alpha; P(t)
+//   for t in b+1 .. e-1: wait K(t) full; issue S(t) = Q K(t); wait V(t-1) full;
+//                        issue O += P(t-1) V(t-1); wait S; release K(t); softmax(t) (alpha kept);
+//                        wait O; release V(t-1); O *= alpha; P(t)
 //   O += P(e-1) V(e-1); wait; release V(e-1)
+// ptxas moves "wait O" above the softmax (P(t)'s packing then starts beside the exponentials),
+// so the softmax overlaps only the other consumers' wgmmas. With Tile::SOFTMAX_BESIDE_OWN_PV
+// (Dv 256) it overlaps the warpgroup's own P V too: wait_after_softmax keeps "wait O" after
+// it, and V(t-1) is waited for beside K(t), before S(t) is issued.
 // The waits on full barriers are followed by fence.proxy.async (cp.async writes through the
-// generic proxy, wgmma reads through the async one): one fence for K(t) and V(t-1) together.
+// generic proxy, wgmma reads through the async one; one fence where K(t) and V(t-1) are waited
+// for together).
 // A release is one arrival per warp (lane 0, after the warp's wgmma.wait_group): empty
 // barriers count 4 * CONSUMERS.
 // O sees the same operations in the same order as in flash_fwd_wgmma (its first rescale is of
@@ -64,9 +69,9 @@
 // Consumer 1 skips the wait of its first turn and the last consumer the arrival of its last:
 // each barrier then sees exactly as many bar.sync warpgroups as bar.arrive ones (barrier 1:
 // N - 1 each, the others N each, N turns), and no barrier can complete on arrivals alone (an
-// arrival of the next round comes only after the waiter's wait of this one). The waits on
-// full barriers come before the turn's wait (K(t) and V(t-1) before turn t's, V(e-1) before
-// turn e's), so a turn holds nothing but its wgmma issues;
+// arrival of the next round comes only after the waiter's wait of this one). K(t)'s wait on
+// its full barrier comes before turn t's wait, V(e-1)'s before turn e's, and V(t-1)'s inside
+// turn t (before it, beside K(t)'s, with SOFTMAX_BESIDE_OWN_PV);
 // passes (wait, release) sit between turns, pass(t) before turn t's wait (the tiles before
 // a warpgroup's own) or turn t + 1's (those after).
 // Why no deadlock, by induction over t: the only waits between a consumer's arrival of turn
@@ -108,6 +113,10 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= THREADS * (65536 / THREADS / 8 * 8),
                 "the CTA's registers");
   static constexpr bool PINGPONG = false;
+  // Whether a consumer's softmax of tile t runs beside its own P(t-1) V (FA3's intra-warpgroup
+  // overlap; see the key loop). Only at Dv 256, where a P V is twice as long: on the H100 it
+  // took S8192 D256 from 690 to 758 TFLOP/s, but cost the D128 rows 2-6 % (flash_fwd_notes v29).
+  static constexpr bool SOFTMAX_BESIDE_OWN_PV = DV_ == 256;
   // Named barriers (0 is __syncthreads'): consumer g's ping-pong turns (WsPingPongTile) are
   // PP_BAR0 + g - 1, its epilogue's (store_rows_staged) STORE_BAR0 + g - 1.
   static constexpr int PP_BAR0 = 1, STORE_BAR0 = PP_BAR0 + 3;
@@ -345,10 +354,15 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);  // O is 0: no rescale
       pack_p<T, KEYS>(s, pa);
       for (int t = my_begin + 1; t < my_end; ++t) {
-        wait_k_and_previous_v(t);
+        if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) {
+          wait_k_and_previous_v(t);
+        } else {
+          wait_k(t);
+        }
         turn_wait(t);
         issue_qk<T, Tile>(s, q_group, k_addr(stage_of(t)));
         fence_registers(s);
+        if constexpr (!Tile::SOFTMAX_BESIDE_OWN_PV) wait_v(t - 1);
         issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
         fence_registers(o);
         turn_arrive(t);
@@ -357,7 +371,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         release_k(t);
         make_scores(s, t);
         online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);
-        wait_after_softmax(row_sum[0]);
+        if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) wait_after_softmax(row_sum[0]);
         wgmma_wait<0>();
         fence_registers(o);
         release_v(t - 1);
