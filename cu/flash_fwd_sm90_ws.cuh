@@ -115,7 +115,8 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static constexpr bool PINGPONG = false;
   // Whether a consumer's softmax of tile t runs beside its own P(t-1) V (FA3's intra-warpgroup
   // overlap; see the key loop). Only at Dv 256, where a P V is twice as long: on the H100 it
-  // took S8192 D256 from 690 to 758 TFLOP/s, but cost the D128 rows 2-6 % (flash_fwd_notes v29).
+  // took S8192 D256 from 690 to 758 TFLOP/s, but cost the D128 and D64 rows 1-8 % and did
+  // nothing for 192 / 128 (flash_fwd_notes v29).
   static constexpr bool SOFTMAX_BESIDE_OWN_PV = DV_ == 256;
   // Named barriers (0 is __syncthreads'): consumer g's ping-pong turns (WsPingPongTile) are
   // PP_BAR0 + g - 1, its epilogue's (store_rows_staged) STORE_BAR0 + g - 1.
