@@ -9,6 +9,12 @@
 
 namespace ptxattn {
 
+// A CUtensorMap (cuTensorMapEncodeTiled's opaque 128 bytes, 64-byte aligned), written by the
+// host (runtime/tensor_map.py) and read by TMA copies from the kernel's parameter space.
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+
 // Mirrored by runtime/ops/attention.py (_FlashFwdParams): same fields, same order.
 struct FlashFwdParams {
   const void* q;
@@ -52,6 +58,11 @@ struct FlashFwdParams {
   int min_queries;      // sequences with fewer new queries get no tile (decode serves them)
   int kv_fp8;           // Fp8Kind of k and v (read by the _fp8 kernels only)
   float k_scale, v_scale;  // fp8 per-tensor scales, where k_scales / v_scales are null
+  // tma 1 (dense sm_90a warp-specialized calls the host vouched for): the producer loads q, k
+  // and v tiles by TMA through these maps over (dim, token, head, batch), each box one
+  // 64-column panel of a tile's rows, 128-byte swizzle; 0: by cp.async, the maps unused.
+  int tma;
+  TensorMap q_map, k_map, v_map;
 };
 
 // The rows one block serves: query rows [m0, m0 + BR) of sequence b, whose queries start at

@@ -21,6 +21,12 @@
 // the "full" barrier (count 128): the phase completes when all 128 threads' copies have
 // landed. The producer never waits on a full barrier, waits for its own copies before it
 // exits, and takes no part in any barrier after the role split.
+// With p.tma (dense calls whose strides the host vouched for: runtime/tensor_map.py), thread
+// 0 alone issues the same loads in the same order as TMA copies through the tensor maps in
+// the parameters (tma_tile: an arrival expecting the tile's bytes, then one copy a 64-column
+// panel), the full barriers count that one arrival, and the other producer threads exit at
+// once. The layout is the same, and rows past the sequence's end (the map's last token) and
+// columns past the head dim land as zeros as load_tile's do: the same bits either way.
 //
 // Consumer (warpgroup g, rows r0 = m0 + 64 (g - 1)): its own tiles [my_begin, my_end) are the
 // block's tiles its rows see (rows_see_tile; a contiguous range, since a row's visible keys
@@ -158,6 +164,27 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
+// TMA (tma 1): one thread arrives on a tile's full barrier expecting the tile's bytes, then
+// copies the tile's D / 64 panels (ROWS rows of 64 columns, 128-byte swizzle: sw128_offset's
+// layout) from `map` at (column, row, head, batch); the barrier's phase completes when they land.
+// Rows past the map's tokens and columns past its dim arrive as zeros.
+template <class T, int ROWS, int D>
+__device__ __forceinline__ void tma_tile(unsigned dst, const TensorMap& map, int row, int head, int batch,
+                                         unsigned bar) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+               "n"(ROWS * D * static_cast<int>(sizeof(T)))
+               : "memory");
+#pragma unroll
+  for (int panel = 0; panel < D / 64; ++panel)
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst + panel * ROWS * 128),
+        "l"(reinterpret_cast<unsigned long long>(&map)), "r"(64 * panel), "r"(row), "r"(head), "r"(batch), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void prefetch_tensor_map(const TensorMap& map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&map)) : "memory");
+}
 // Waits for the completion of the barrier's phase of parity `parity`.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   asm volatile(
@@ -219,11 +246,12 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   auto k_empty = [&](int s) { return q_full + 8 * (1 + 2 * STAGES + s); };
   auto v_empty = [&](int s) { return q_full + 8 * (1 + 3 * STAGES + s); };
   if (threadIdx.x == 32) {  // warp 1, while warp 0 finds the block's rows
-    mbar_init(q_full, 128);
+    const unsigned fillers = p.tma ? 1 : 128;  // the producer threads that arrive on a full barrier
+    mbar_init(q_full, fillers);
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(k_full(s), 128);
-      mbar_init(v_full(s), 128);
+      mbar_init(k_full(s), fillers);
+      mbar_init(v_full(s), fillers);
       mbar_init(k_empty(s), 4 * Tile::CONSUMERS);
       mbar_init(v_empty(s), 4 * Tile::CONSUMERS);
     }
@@ -244,7 +272,22 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   if (role == 0) {
     // ---- producer ----
     setmaxnreg_dec<Tile::PRODUCER_REGS>();
-    if (tile_begin < tile_end) {
+    if (p.tma) {
+      if (threadIdx.x == 0 && tile_begin < tile_end) {
+        const int hk = h / (p.heads_q / p.heads_kv), b = st.b();
+        prefetch_tensor_map(p.k_map);
+        prefetch_tensor_map(p.v_map);
+        tma_tile<T, ROWS, DQK>(q_addr, p.q_map, m0, h, b, q_full);
+        for (int t = tile_begin; t < tile_end; ++t) {
+          const int stage = stage_of(t);
+          const bool refill = t - tile_begin >= STAGES;
+          if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
+          tma_tile<T, KEYS, DQK>(k_addr(stage), p.k_map, t * KEYS, hk, b, k_full(stage));
+          if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
+          tma_tile<T, KEYS, DV>(v_addr(stage), p.v_map, t * KEYS, hk, b, v_full(stage));
+        }
+      }
+    } else if (tile_begin < tile_end) {
       const int hk = h / (p.heads_q / p.heads_kv);
       const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
                     (st.q_tok0() + m0) * p.q_seq_stride;
@@ -412,7 +455,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 #define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, GROUPS, PINGPONG, GENERAL)                  \
   extern "C" __global__ void __launch_bounds__(                                                         \
       ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, PINGPONG>::type::THREADS, 1)               \
-      NAME(const ptxattn::FlashFwdParams p) {                                                           \
+      NAME(const __grid_constant__ ptxattn::FlashFwdParams p) {                                         \
     ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, PINGPONG>::type, \
                                 GENERAL>(p);                                                            \
   }
