@@ -111,6 +111,10 @@ class _HotPath:
                                            ctypes.c_size_t, ctypes.c_void_p, ctypes.c_void_p)
         self._free_async = self._function("cuMemFreeAsync", ctypes.c_uint64, ctypes.c_void_p)
         self._is_capturing = self._function("cuStreamIsCapturing", ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+        u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+        self._encode_tiled = self._function("cuTensorMapEncodeTiled", ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32,
+                                            ctypes.c_void_p, u64p, u64p, u32p, u32p, ctypes.c_int, ctypes.c_int,
+                                            ctypes.c_int, ctypes.c_int)
         self._slots = threading.local()  # the driver writes into it with the GIL released
 
     def _function(self, name: str, *argtypes):
@@ -170,6 +174,21 @@ class _HotPath:
         if err:
             raise CudaError("cuStreamIsCapturing", cu.CUresult(err))
         return self._slots.status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE
+
+
+    def encode_tensor_map(self, data_type: int, address: int, dims, strides, box) -> bytes:
+        """cuTensorMapEncodeTiled of a tensor at `address` (dims innermost first, the byte
+        strides of all but the first, a box of `box`), no interleave, 128-byte swizzle, L2
+        promotion of 128 bytes, out-of-bounds elements read as zeros: the map's 128 bytes."""
+        rank = len(dims)
+        buffer = (ctypes.c_uint8 * 192)()  # a CUtensorMap is 64-byte aligned
+        out = (ctypes.addressof(buffer) + 63) & ~63
+        err = self._encode_tiled(out, data_type, rank, address, (ctypes.c_uint64 * rank)(*dims),
+                                 (ctypes.c_uint64 * (rank - 1))(*strides), (ctypes.c_uint32 * rank)(*box),
+                                 (ctypes.c_uint32 * rank)(*(1,) * rank), 0, 3, 2, 0)
+        if err:
+            raise CudaError("cuTensorMapEncodeTiled", cu.CUresult(err))
+        return ctypes.string_at(out, 128)
 
 
 _hot: _HotPath | None = None

@@ -18,7 +18,7 @@ import numpy as np
 
 from cuda.bindings import driver as cu
 
-__all__ = ["install", "launches"]
+__all__ = ["install", "launches", "fake_tensor_map"]
 
 _OK = cu.CUresult.CUDA_SUCCESS
 _A = cu.CUdevice_attribute
@@ -178,6 +178,19 @@ class _FakeHotPath:
 
     def is_capturing(self, stream: int) -> bool:
         return False
+
+    def encode_tensor_map(self, data_type: int, address: int, dims, strides, box) -> bytes:
+        """No driver to ask: the map's 128 bytes hold its arguments instead (fake_tensor_map
+        reads them back), so tests can see which map a launch got."""
+        words = (data_type, address, *dims, *strides, *box)
+        return np.array(words + (0,) * (16 - len(words)), np.uint64).tobytes()
+
+
+def fake_tensor_map(data: bytes) -> dict:
+    """The arguments a fake tensor map was encoded from (see _FakeHotPath.encode_tensor_map)."""
+    words = [int(w) for w in np.frombuffer(data, np.uint64)]
+    return {"data_type": words[0], "address": words[1], "dims": tuple(words[2:6]), "strides": tuple(words[6:9]),
+            "box": tuple(words[9:13])}
 
 
 def install(compute_capability: tuple[int, int] = (9, 0)) -> None:

@@ -98,6 +98,9 @@ def main() -> int:
                         help="prefill suite: also time the warp-specialized kernels without ping-pong "
                              "(PTXATTN_SM90_PINGPONG=0) at every head dim beside the default ones, and compare "
                              "their outputs bit for bit")
+    parser.add_argument("--sm90-cp-async", action="store_true",
+                        help="prefill suite: also time the warp-specialized kernels loading by cp.async rather than "
+                             "TMA (PTXATTN_SM90_TMA=0) beside the default ones, and compare their outputs bit for bit")
     parser.add_argument("--baseline", metavar="DIR", help="step suite: also time the eager step of the ptxattn "
                                                           "importable from DIR (an earlier version)")
     args = parser.parse_args()

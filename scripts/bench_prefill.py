@@ -8,7 +8,9 @@ for bit (rows the warp-specialized kernels do not serve run the same kernel in b
 With --sm90-pingpong, a ptxattn_pp column does the same for the warp-specialized kernels'
 ping-pong twins at every head dim (the _ws_pp kernels, PTXATTN_SM90_PINGPONG=1), with
 pp_bit_identical; with --sm90-ws, a ptxattn_ws column for the warp-specialized kernels without
-ping-pong at every head dim (PTXATTN_SM90_PINGPONG=0), with ws_bit_identical.
+ping-pong at every head dim (PTXATTN_SM90_PINGPONG=0), with ws_bit_identical; with
+--sm90-cp-async, a ptxattn_cp_async column for the warp-specialized producer's cp.async copies
+in place of its TMA loads (PTXATTN_SM90_TMA=0), with cp_async_bit_identical.
 
 Timings are device time (bench_common.time_ms); the host cost of one sdpa() call is its own
 column. Each shape's output is compared with the float64 reference on batch 0, head 0 (its
@@ -106,6 +108,7 @@ SM90_COLUMNS = (
     ("plain", "sm90_plain", "sm90_ws_enabled", False),                             # PTXATTN_SM90_WS=0
     ("pp", "sm90_pingpong", "sm90_pingpong_dims", frozenset(d for d, _ in sm90_ws_pp_tiles())),  # PTXATTN_SM90_PINGPONG=1
     ("ws", "sm90_ws", "sm90_pingpong_dims", frozenset()),                          # PTXATTN_SM90_PINGPONG=0
+    ("cp_async", "sm90_cp_async", "sm90_tma_enabled", False),                      # PTXATTN_SM90_TMA=0
 )
 
 

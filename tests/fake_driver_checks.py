@@ -459,6 +459,55 @@ def fault_buffer_is_made_inside_a_capture() -> None:
     assert fault_buffer(ptxattn.get_device(0)) == ptr and events == [], events
 
 
+def tma_maps_follow_their_arrays() -> None:
+    """A dense sdpa call on a warp-specialized kernel loads q, k and v by TMA (tma 1): each map
+    describes its array (dtype, address, (dim, token, head, batch) and byte strides, a box of
+    64 columns by the tile's rows), and every call rewrites the maps with the pointers, eager
+    (cached binding, new arrays) or prepared (rebinding q alone). Calls TMA cannot serve (head
+    dims under the tile's, a broadcast K head axis) keep tma 0."""
+    e = ptxattn.empty
+
+    def arrays(hkv=2, d=128):
+        return {"q": e((2, 8, 300, d), BF16), "k": e((2, hkv, 260, d), BF16), "v": e((2, hkv, 260, d), BF16)}
+
+    def maps(launch):
+        data = lambda field: bytes(getattr(launch.params, field))
+        return [fake.fake_tensor_map(data(f"{name}_map")) for name in "qkv"]
+
+    for first, second in ((arrays(), arrays()),):
+        ptxattn.sdpa(**first, causal=True, stream=STREAM)
+        ptxattn.sdpa(**second, causal=True, stream=STREAM)
+        (launch,) = next(reversed(prepared._cache().values())).launches
+        assert launch.name == "flash_fwd_sm90_bf16_d128_ws_pp" and launch.params.tma == 1, launch.name
+        q, k, v = maps(launch)
+        assert q == {"data_type": 9, "address": second["q"].ptr, "dims": (128, 300, 8, 2),
+                     "strides": (256, 300 * 256, 8 * 300 * 256), "box": (64, 128, 1, 1)}, q
+        assert k == {"data_type": 9, "address": second["k"].ptr, "dims": (128, 260, 2, 2),
+                     "strides": (256, 260 * 256, 2 * 260 * 256), "box": (64, 128, 1, 1)}, k
+        assert v["address"] == second["v"].ptr and v["dims"] == k["dims"], v
+
+    given = arrays()
+    step = ptxattn.prepare(ptxattn.sdpa, **given, stream=STREAM)
+    q2 = e(given["q"].shape, BF16)
+    step.run(q=q2)
+    q, k, _ = maps(step.launches[0])
+    assert (q["address"], k["address"]) == (q2.ptr, given["k"].ptr), (q, k)
+
+    f16 = {name: e(a.shape, np.float16) for name, a in arrays().items()}
+    (launch,) = ptxattn.prepare(ptxattn.sdpa, **f16, stream=STREAM).launches
+    assert launch.params.tma == 1 and maps(launch)[0]["data_type"] == 6
+
+    padded = ptxattn.prepare(ptxattn.sdpa, **arrays(d=96), stream=STREAM).launches[0]
+    assert "_ws" in padded.name and padded.params.tma == 0, padded.name
+    one_head = arrays(hkv=1)
+    broadcast = {"q": one_head["q"], **{n: ptxattn.DeviceArray.view(one_head[n].ptr, (2, 2, 260, 128), BF16,
+                                                                   (260 * 128 * 2, 0, 256, 2), one_head[n].device,
+                                                                   one_head[n])
+                                          for n in "kv"}}
+    launch = ptxattn.prepare(ptxattn.sdpa, **broadcast, stream=STREAM).launches[0]
+    assert "_ws" in launch.name and launch.params.tma == 0, launch.name
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print(f"{sys.argv[1]}: OK")

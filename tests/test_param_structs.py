@@ -1,7 +1,9 @@
 """Every ctypes parameter struct (a ParamStruct subclass in any module of ptxattn.ops) mirrors
 the C struct of its name in cu/ (leading underscores dropped), field by field: same names, same
-order, same types, hence the same offsets and size. Every `struct <Name>Params` in cu/ has a
-mirror. No GPU."""
+order, same types, hence the same offsets and size. A mirror's padding fields (named with a
+leading underscore) stand for the gap C's 64-byte alignment of a TensorMap leaves, and each
+TensorMap lands on a multiple of 64 in both. Every `struct <Name>Params` in cu/ has a mirror.
+No GPU."""
 from __future__ import annotations
 
 import ctypes
@@ -18,7 +20,8 @@ from ptxattn.module import ParamStruct
 CU = Path(__file__).resolve().parent.parent / "cu"
 
 # The C field types the kernels' structs use (cu/README.md) and their ctypes mirrors.
-C_TYPES = {"long long": ctypes.c_int64, "int": ctypes.c_int32, "float": ctypes.c_float}
+C_TYPES = {"long long": ctypes.c_int64, "int": ctypes.c_int32, "float": ctypes.c_float,
+           "TensorMap": ctypes.c_uint8 * 128}  # struct alignas(64) TensorMap in cu/flash_fwd_common.cuh
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -70,4 +73,23 @@ def test_every_c_struct_has_one_mirror():
 def test_mirror_matches_its_c_struct_field_by_field(mirror):
     name = c_name(mirror)
     assert name in C_STRUCTS, f"{mirror.__module__}.{mirror.__qualname__}: no struct {name} in cu/"
-    assert [(field, ctype) for field, ctype in mirror._fields_] == C_STRUCTS[name]
+    assert [(field, ctype) for field, ctype in mirror._fields_ if not field.startswith("_")] == C_STRUCTS[name]
+
+
+@pytest.mark.parametrize("mirror", MIRRORS, ids=c_name)
+def test_padding_is_exactly_what_tensor_map_alignment_needs(mirror):
+    """C places each TensorMap at the next multiple of 64 and rounds the struct up to one: the
+    mirror's padding must give the same offsets, and its size must be the C struct's (the
+    driver copies that many bytes from it)."""
+    offset, has_map = 0, False
+    for field, ctype in mirror._fields_:
+        if field.startswith("_"):
+            continue
+        if ctype is C_TYPES["TensorMap"]:
+            offset, has_map = -(-offset // 64) * 64, True
+        else:
+            offset = -(-offset // ctypes.alignment(ctype)) * ctypes.alignment(ctype)
+        assert getattr(mirror, field).offset == offset, f"{c_name(mirror)}.{field}"
+        offset += ctypes.sizeof(ctype)
+    alignment = 64 if has_map else max(ctypes.alignment(ctype) for _, ctype in mirror._fields_)
+    assert ctypes.sizeof(mirror) == -(-offset // alignment) * alignment

@@ -1,8 +1,9 @@
 """The warp-specialized sm_90a kernels (cu/flash_fwd_sm90_ws.cuh, the default at every head dim:
 the _ws_pp ping-pong twins at D64 / D128, the _ws kernels at the others, plain and _general) against
 the float64 reference and, bit for bit (same summation order), against the wgmma kernels they
-replaced (PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0) and the _ws_pp
-kernels at every dim (PTXATTN_SM90_PINGPONG=1): D64, D128, Dqk 192 / Dv 128, D256 and dims
+replaced (PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0), the _ws_pp
+kernels at every dim (PTXATTN_SM90_PINGPONG=1) and the default kernels loading by cp.async where this
+process loads by TMA (PTXATTN_SM90_TMA=0): D64, D128, Dqk 192 / Dv 128, D256 and dims
 zero-padded into them, f16 / bf16, causal both alignments, windows, masks, softcap, scale <= 0,
 GQA, sinks, LSE, odd lengths, rows with no key, ragged batches. Both settings are read once a
 process, so a child process a setting (CHILDREN) runs every case (same seeded inputs) and this
@@ -38,16 +39,18 @@ CHILDREN = {
     "plain": ("PTXATTN_SM90_WS", "0"),
     "ws": ("PTXATTN_SM90_PINGPONG", "0"),
     "pingpong": ("PTXATTN_SM90_PINGPONG", "1"),
+    "cp_async": ("PTXATTN_SM90_TMA", "0"),
 }
 CHILD_TIMEOUT_S = 180  # a cold driver JIT cache costs a child ~35 s of the sm_90a PTX
 
 
 def child_kernel(child: str, ws_tile, dtype: str) -> str:
     """The kernel calls of a ws tile's dims run in `child`: the plain wgmma kernel of those dims,
-    the ws kernel, or its ping-pong twin (the ws kernel where the dims have none)."""
+    the ws kernel, or its ping-pong twin (the ws kernel where the dims have none; cp_async: the
+    default kernel, which is that twin at every dim)."""
     if child == "plain":
         return sm90_tiles()[ws_tile.dim, ws_tile.dim_v, ws_tile.general].kernel(dtype)
-    twin = sm90_ws_pp_tiles().get((ws_tile.dim, ws_tile.general)) if child == "pingpong" else None
+    twin = sm90_ws_pp_tiles().get((ws_tile.dim, ws_tile.general)) if child in ("pingpong", "cp_async") else None
     return (twin or ws_tile).kernel(dtype)
 
 
@@ -140,9 +143,10 @@ def seed():
     """The inputs' seed, once this process is known to run the default warp-specialized kernels."""
     if not attention.runs_wgmma(ptxattn.get_device(0)):
         pytest.skip("the device does not load the sm_90a PTX")
-    if not attention.sm90_ws_enabled() or os.environ.get(attention.SM90_PINGPONG_ENV):
-        pytest.skip("PTXATTN_SM90_WS=0 or PTXATTN_SM90_PINGPONG is set: this process must run the default "
-                    "warp-specialized kernels")
+    if (not attention.sm90_ws_enabled() or os.environ.get(attention.SM90_PINGPONG_ENV)
+            or os.environ.get(attention.SM90_TMA_ENV)):
+        pytest.skip("PTXATTN_SM90_WS=0, PTXATTN_SM90_PINGPONG or PTXATTN_SM90_TMA is set: this process must run "
+                    "the default warp-specialized kernels")
     return int(os.environ.get("PTXATTN_SEED", secrets.randbits(32)))
 
 
@@ -196,6 +200,18 @@ def _same_bits(got: np.ndarray, want: np.ndarray, what: str) -> None:
     got_bits, want_bits = got.view(np.uint8), want.view(np.uint8)
     assert got.shape == want.shape and np.array_equal(got_bits, want_bits), (
         f"{what}: {int((got.reshape(-1).view(np.uint8) != want.reshape(-1).view(np.uint8)).sum())} bytes differ")
+
+
+@pytest.mark.parametrize("dtype, dqk, dv, loads_by_tma", [(BF16, 128, 128, True), (F16, 64, 64, True),
+                                                          (BF16, 192, 128, True), (F16, 256, 256, True),
+                                                          (BF16, 96, 96, False)])
+def test_dense_calls_whose_dims_fill_the_tile_load_by_tma(seed, dtype, dqk, dv, loads_by_tma):
+    """What the cp_async child is compared against: this process's unpadded dense calls do load
+    by TMA (zero-padded dims keep cp.async), so the comparison is not of one path with itself."""
+    q, k = ptxattn.empty((1, 4, 300, dqk), dtype), ptxattn.empty((1, 2, 500, dqk), dtype)
+    v = ptxattn.empty((1, 2, 500, dv), dtype)
+    (launch,) = ptxattn.prepare(ptxattn.sdpa, q, k, v, causal=True).launches
+    assert "_ws" in launch.name and launch.params.tma == int(loads_by_tma), (launch.name, launch.params.tma)
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[str(c) for c in CASES])

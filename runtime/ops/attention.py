@@ -14,11 +14,13 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import tensor_map
 from ..array import DeviceArray
 from ..dtypes import bfloat16
 from ..module import ParamStruct, loaded_arch
-from ..variants import (SdpaVariant, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles, sm90_tiles, sm90_ws_pp_tiles,
-                        sm90_ws_tiles)
+from ..tensor_map import MAP_BYTES, MapSpec
+from ..variants import (SdpaVariant, Sm90Tile, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles, sm90_tiles,
+                        sm90_ws_pp_tiles, sm90_ws_tiles)
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_nonnegative_strides,
                      check_output, check_sinks, check_unit_last_stride, parse_scale, parse_softcap, parse_window,
                      require)
@@ -33,37 +35,52 @@ _MAX_HEAD_DIM = 256
 _F32_WARPS = 4  # F32_WARPS in cu/flash_fwd.cu
 
 
+# FlashFwdParams' fields up to its TMA ones, packed by flash_params.
+_PACKED_FIELDS = [
+    ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
+    ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("mask", ctypes.c_void_p),
+    ("sinks", ctypes.c_void_p), ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
+    ("seq_lens_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p), ("fault", ctypes.c_void_p),
+    ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p),
+    ("q_batch_stride", ctypes.c_int64), ("q_head_stride", ctypes.c_int64), ("q_seq_stride", ctypes.c_int64),
+    ("k_batch_stride", ctypes.c_int64), ("k_head_stride", ctypes.c_int64), ("k_seq_stride", ctypes.c_int64),
+    ("v_batch_stride", ctypes.c_int64), ("v_head_stride", ctypes.c_int64), ("v_seq_stride", ctypes.c_int64),
+    ("o_batch_stride", ctypes.c_int64), ("o_head_stride", ctypes.c_int64), ("o_seq_stride", ctypes.c_int64),
+    ("mask_batch_stride", ctypes.c_int64), ("mask_head_stride", ctypes.c_int64),
+    ("mask_query_stride", ctypes.c_int64), ("mask_key_stride", ctypes.c_int64),
+    ("lse_batch_stride", ctypes.c_int64), ("lse_head_stride", ctypes.c_int64), ("lse_seq_stride", ctypes.c_int64),
+    ("block_table_stride", ctypes.c_int64),
+    ("k_scale_batch_stride", ctypes.c_int64), ("k_scale_head_stride", ctypes.c_int64),
+    ("k_scale_seq_stride", ctypes.c_int64),
+    ("v_scale_batch_stride", ctypes.c_int64), ("v_scale_head_stride", ctypes.c_int64),
+    ("v_scale_seq_stride", ctypes.c_int64),
+    ("heads_q", ctypes.c_int32), ("heads_kv", ctypes.c_int32), ("seq_q", ctypes.c_int32),
+    ("seq_kv", ctypes.c_int32), ("dim_qk", ctypes.c_int32), ("dim_v", ctypes.c_int32),
+    ("mask_kind", ctypes.c_int32), ("diag_offset", ctypes.c_int32),
+    ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32),
+    ("scale", ctypes.c_float), ("softcap", ctypes.c_float),
+    ("vector_io", ctypes.c_int32), ("heavy_first", ctypes.c_int32),
+    ("num_seqs", ctypes.c_int32), ("tokens_q", ctypes.c_int32), ("tokens_k", ctypes.c_int32),
+    ("kv_capacity", ctypes.c_int32), ("num_pages", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
+    ("min_queries", ctypes.c_int32), ("kv_fp8", ctypes.c_int32),
+    ("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float),
+]
+
+
+class _PackedPrefix(ctypes.Structure):
+    _fields_ = _PACKED_FIELDS + [("tma", ctypes.c_int32)]
+
+
+_TENSOR_MAP = ctypes.c_uint8 * MAP_BYTES
+# C aligns each TensorMap to 64 bytes; a padding field here stands for the gap before the first.
+_MAP_PADDING = -(_PackedPrefix.tma.offset + 4) % 64
+
+
 class _FlashFwdParams(ParamStruct):
-    """Mirror of FlashFwdParams in cu/flash_fwd.cu: same fields, same order."""
-    _fields_ = [
-        ("q", ctypes.c_void_p), ("k", ctypes.c_void_p), ("v", ctypes.c_void_p),
-        ("o", ctypes.c_void_p), ("lse", ctypes.c_void_p), ("mask", ctypes.c_void_p),
-        ("sinks", ctypes.c_void_p), ("cu_seqlens_q", ctypes.c_void_p), ("cu_seqlens_k", ctypes.c_void_p),
-        ("seq_lens_k", ctypes.c_void_p), ("block_table", ctypes.c_void_p), ("fault", ctypes.c_void_p),
-        ("k_scales", ctypes.c_void_p), ("v_scales", ctypes.c_void_p),
-        ("q_batch_stride", ctypes.c_int64), ("q_head_stride", ctypes.c_int64), ("q_seq_stride", ctypes.c_int64),
-        ("k_batch_stride", ctypes.c_int64), ("k_head_stride", ctypes.c_int64), ("k_seq_stride", ctypes.c_int64),
-        ("v_batch_stride", ctypes.c_int64), ("v_head_stride", ctypes.c_int64), ("v_seq_stride", ctypes.c_int64),
-        ("o_batch_stride", ctypes.c_int64), ("o_head_stride", ctypes.c_int64), ("o_seq_stride", ctypes.c_int64),
-        ("mask_batch_stride", ctypes.c_int64), ("mask_head_stride", ctypes.c_int64),
-        ("mask_query_stride", ctypes.c_int64), ("mask_key_stride", ctypes.c_int64),
-        ("lse_batch_stride", ctypes.c_int64), ("lse_head_stride", ctypes.c_int64), ("lse_seq_stride", ctypes.c_int64),
-        ("block_table_stride", ctypes.c_int64),
-        ("k_scale_batch_stride", ctypes.c_int64), ("k_scale_head_stride", ctypes.c_int64),
-        ("k_scale_seq_stride", ctypes.c_int64),
-        ("v_scale_batch_stride", ctypes.c_int64), ("v_scale_head_stride", ctypes.c_int64),
-        ("v_scale_seq_stride", ctypes.c_int64),
-        ("heads_q", ctypes.c_int32), ("heads_kv", ctypes.c_int32), ("seq_q", ctypes.c_int32),
-        ("seq_kv", ctypes.c_int32), ("dim_qk", ctypes.c_int32), ("dim_v", ctypes.c_int32),
-        ("mask_kind", ctypes.c_int32), ("diag_offset", ctypes.c_int32),
-        ("window_left", ctypes.c_int32), ("window_right", ctypes.c_int32),
-        ("scale", ctypes.c_float), ("softcap", ctypes.c_float),
-        ("vector_io", ctypes.c_int32), ("heavy_first", ctypes.c_int32),
-        ("num_seqs", ctypes.c_int32), ("tokens_q", ctypes.c_int32), ("tokens_k", ctypes.c_int32),
-        ("kv_capacity", ctypes.c_int32), ("num_pages", ctypes.c_int32), ("page_size_log2", ctypes.c_int32),
-        ("min_queries", ctypes.c_int32), ("kv_fp8", ctypes.c_int32),
-        ("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float),
-    ]
+    """Mirror of FlashFwdParams in cu/flash_fwd_common.cuh: same fields, same order (and a
+    padding field where C's alignment leaves a gap)."""
+    _fields_ = _PACKED_FIELDS + [("tma", ctypes.c_int32), ("_padding", ctypes.c_uint8 * _MAP_PADDING),
+                                 ("q_map", _TENSOR_MAP), ("k_map", _TENSOR_MAP), ("v_map", _TENSOR_MAP)]
 
 
 # ---- validation (host only, before any device work) ---------------------------------
@@ -175,10 +192,12 @@ class KernelPlan:
     threads: int
     shared: int
     vector_io: bool
+    ws_tile: Sm90Tile | None = None  # the warp-specialized kernel's tile (its TMA boxes), else None
 
 
 SM90_WS_ENV = "PTXATTN_SM90_WS"
 SM90_PINGPONG_ENV = "PTXATTN_SM90_PINGPONG"
+SM90_TMA_ENV = "PTXATTN_SM90_TMA"
 # Head dims whose warp-specialized calls take the ping-pong twins unless PTXATTN_SM90_PINGPONG
 # says otherwise: D64 gained 18 % on the H200 (cu/flash_fwd_notes.md v5, v6), D128 16-21 % once
 # the producer's full-tile copies stopped taking the consumers' issue slots (v13), Dqk 192 / Dv 128
@@ -201,6 +220,14 @@ def sm90_ws_enabled() -> bool:
     PTXATTN_SM90_WS=0 (read once a process) picks the plain wgmma kernels they replaced, which
     give the same bits (for comparison: scripts/bench.py --suite prefill --sm90-plain)."""
     return _switch_setting(SM90_WS_ENV) is not False
+
+
+@functools.cache
+def sm90_tma_enabled() -> bool:
+    """Warp-specialized calls load q, k and v by TMA where tma_maps allows unless
+    PTXATTN_SM90_TMA=0 (read once a process) keeps the producer's cp.async copies, which give
+    the same bits (for comparison: scripts/bench.py --suite prefill --sm90-cp-async)."""
+    return _switch_setting(SM90_TMA_ENV) is not False
 
 
 @functools.cache
@@ -245,7 +272,7 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
     if ws_tile is not None and (sm90_ws_enabled() if ws is None else ws):
         pp = ws_tile.dim in sm90_pingpong_dims() if pingpong is None else pingpong
         tile = sm90_ws_pp_tiles().get((ws_tile.dim, general), ws_tile) if pp else ws_tile
-        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes, True)
+        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes, True, tile)
     tile = _pick_sm90_tile(dqk, dv, general) if wgmma and (chunked or not paged) else None
     if tile is not None:
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes, chunked)
@@ -318,11 +345,27 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
                         ("attn_mask", "mask"), ("sinks", "sinks")):
         if a[name] is not None or name == "out" or (name == "out_lse" and c.with_lse):
             binding.point(name, launch, field)
+    maps = tma_maps(plan.ws_tile, q, k, v)
+    if maps is not None:
+        params.tma = 1
+        for name, map_spec in zip(("q", "k", "v"), maps):
+            binding.point_map(name, launch, f"{name}_map", map_spec)
 
 
-# The parameter struct's bytes in _fields_ order, native alignment (as ctypes lays it out).
-_PARAMS_LAYOUT = struct.Struct("@" + "".join(ctype._type_ for _, ctype in _FlashFwdParams._fields_))
-_POINTERS = sum(ctype is ctypes.c_void_p for _, ctype in _FlashFwdParams._fields_)
+def tma_maps(tile: Sm90Tile | None, q, k, v) -> tuple[MapSpec, MapSpec, MapSpec] | None:
+    """The tensor maps a warp-specialized kernel loads q, k and v through (FlashFwdParams.tma),
+    or None where it copies them by cp.async: another kernel, head dims smaller than the
+    tile's (zero-padded columns), an array TMA cannot address (tensor_map.spec), or
+    PTXATTN_SM90_TMA=0."""
+    if tile is None or q.shape[3] != tile.dim or v.shape[3] != tile.dim_v or not sm90_tma_enabled():
+        return None
+    maps = (tensor_map.spec(q, tile.rows), tensor_map.spec(k, tile.keys), tensor_map.spec(v, tile.keys))
+    return None if None in maps else maps
+
+
+# The parameter struct's bytes up to its TMA fields, native alignment (as ctypes lays it out).
+_PARAMS_LAYOUT = struct.Struct("@" + "".join(ctype._type_ for _, ctype in _PACKED_FIELDS))
+_POINTERS = sum(ctype is ctypes.c_void_p for _, ctype in _PACKED_FIELDS)
 
 
 class Serving(NamedTuple):

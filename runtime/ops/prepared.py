@@ -35,6 +35,7 @@ from ..interop import NotOnDevice, import_device_array, order_after_producers, p
 from ..memory import CaptureAllocationError, DeviceBuffer, stream_workspace
 from ..module import ParamStruct, get_kernel, launch_error
 from ..stream import Stream, as_stream
+from ..tensor_map import MapSlot, MapSpec
 
 __all__ = ["Launch", "Binding", "Op", "Prepared", "prepare", "clear_bindings", "CACHE_ENTRIES"]
 
@@ -100,7 +101,7 @@ class Binding:
         self.op, self.device = op, device
         self.context = 0  # the context its kernels were looked up in (set by Op.build)
         self.launches: list[Launch] = []
-        self.slots: list[list] = [[] for _ in op.arrays]  # per argument: [(view, offset)]
+        self.slots: list[list] = [[] for _ in op.arrays]  # per argument: [(view or MapSlot, offset)]
         self.makes: dict[int, tuple] = {}  # argument -> (shape, dtype, byte strides, bytes, fill)
         self.workspace_bytes = 0
         self.returns: tuple[str, ...] = ()
@@ -114,6 +115,11 @@ class Binding:
 
     def point(self, name: str, launch: Launch, field: str, offset: int = 0) -> None:
         self.slots[self.op.index[name]].append((launch.pointer(field), offset))
+
+    def point_map(self, name: str, launch: Launch, field: str, map_spec: MapSpec) -> None:
+        """Tensor-map field `field` describes argument `name`: rewritten with its pointers."""
+        dst = ctypes.addressof(launch.params) + getattr(type(launch.params), field).offset
+        self.slots[self.op.index[name]].append((MapSlot(dst, map_spec), 0))
 
     def make(self, name: str, shape, dtype, fill: int | None = None) -> None:
         """`fill`: a 32-bit word the output is filled with when made (for outputs whose every

@@ -1,0 +1,93 @@
+"""Tensor maps (CUtensorMap) for the TMA loads of the sm_90a warp-specialized sdpa kernels.
+
+A dense q, k or v of shape [B, H, S, D] is described to the TMA unit as a 4-D tensor over
+(dim, token, head, batch), innermost first, with byte strides, and a box of one 64-column
+panel (128 bytes of a 16-bit element, the width of the 128-byte swizzle the kernels' shared
+memory uses) by a tile's rows. The kernel copies tile panels through the map
+(cu/flash_fwd_sm90_ws.cuh, tma_tile); rows past S and columns past D arrive as zeros.
+
+`spec(arr, rows)` says whether an array can be loaded that way (and how), `encode(address,
+spec)` returns the map's 128 bytes. A map holds the array's address, so a call rewrites its
+maps whenever it rewrites its pointers; `encode` caches them by (address, spec), so calls on
+the same buffers reuse a map rather than asking the driver again.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from typing import NamedTuple
+
+import numpy as np
+
+from .driver import hot
+from .dtypes import bfloat16
+
+__all__ = ["MAP_BYTES", "PANEL", "MapSpec", "MapSlot", "spec", "encode"]
+
+MAP_BYTES = 128  # sizeof(CUtensorMap)
+PANEL = 64  # columns a box covers
+_MAX_BOX = 256  # rows a box may cover
+_MAX_STRIDE = 1 << 40  # bytes (cuTensorMapEncodeTiled's bound on a stride)
+# CUtensorMapDataType of each dtype the kernels load by TMA.
+_DATA_TYPE = {np.dtype(np.float16): 6, bfloat16: 9}
+
+
+class MapSpec(NamedTuple):
+    """Everything of a map but its address: CUtensorMapDataType, dims (D, S, H, B), the byte
+    strides of token, head and batch, and the box's rows."""
+    data_type: int
+    dims: tuple[int, int, int, int]
+    strides: tuple[int, int, int]
+    rows: int
+
+
+def spec(arr, rows: int) -> MapSpec | None:
+    """The map of a [B, H, S, D] array loaded in boxes of `rows` rows, or None where TMA
+    cannot load it: an empty axis, a dtype other than f16 / bf16, a base off 16 bytes, a last axis not
+    contiguous, or a token, head or batch stride (of an axis longer than 1) that is not a
+    positive multiple of 16 bytes below 2^40. An axis of length 1 is never stepped, so its
+    stride is replaced by one TMA accepts."""
+    data_type = _DATA_TYPE.get(np.dtype(arr.dtype))
+    if data_type is None or arr.ptr % 16 or arr.element_strides[3] != 1 or not 0 < rows <= _MAX_BOX:
+        return None
+    b, h, s, d = arr.shape
+    if 0 in arr.shape:  # a map's dims are positive (a call without keys copies nothing anyway)
+        return None
+    itemsize = np.dtype(arr.dtype).itemsize
+    strides = []
+    span = d * itemsize  # bytes up to the next axis, if it were packed
+    for n, element_stride in ((s, arr.element_strides[2]), (h, arr.element_strides[1]), (b, arr.element_strides[0])):
+        stride = element_stride * itemsize
+        if n == 1:
+            stride = -(-span // 16) * 16
+        elif stride <= 0 or stride % 16 or stride >= _MAX_STRIDE:
+            return None
+        strides.append(stride)
+        span = max(span, stride * n)
+    return MapSpec(data_type, (d, s, h, b), tuple(strides), rows)
+
+
+@functools.lru_cache(maxsize=1024)
+def encode(address: int, map_spec: MapSpec) -> bytes:
+    """The 128 bytes of `map_spec`'s map of the tensor at `address` (cuTensorMapEncodeTiled;
+    a failure raises CudaError naming the call)."""
+    return hot().encode_tensor_map(map_spec.data_type, address, map_spec.dims, map_spec.strides,
+                                   (PANEL, map_spec.rows, 1, 1))
+
+
+class MapSlot:
+    """A slot of Binding.slots that holds a tensor map rather than an address: a call that
+    writes an array's address to its slots (`slot.value = address`) writes the array's map
+    here instead (at `dst`, a map field of a parameter struct)."""
+
+    __slots__ = ("dst", "map_spec", "address")
+
+    def __init__(self, dst: int, map_spec: MapSpec) -> None:
+        self.dst, self.map_spec, self.address = dst, map_spec, None
+
+    def _write(self, address: int) -> None:
+        if address != self.address:  # calls on the same buffers keep their map
+            ctypes.memmove(self.dst, encode(address, self.map_spec), MAP_BYTES)
+            self.address = address
+
+    value = property(None, _write, doc="Write-only: the address of the array whose map goes to `dst`.")
