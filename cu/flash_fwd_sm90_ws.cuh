@@ -25,8 +25,11 @@
 // 0 alone issues the same loads in the same order as TMA copies through the tensor maps in
 // the parameters (tma_tile: an arrival expecting the tile's bytes, then one copy a 64-column
 // panel), the full barriers count that one arrival, and the other producer threads exit at
-// once. The layout is the same, and rows past the sequence's end (the map's last token) and
-// columns past the head dim land as zeros as load_tile's do: the same bits either way.
+// once; thread 0 exits after its last copy is issued (the consumers' waits on the full
+// barriers keep the CTA alive until the copies land). tma implies a dense call (no token
+// offsets: a block's rows start at m0, a tile's keys at t * KEYS). The layout is the same, and
+// rows past the sequence's end (the map's last token) and columns past the head dim land as
+// zeros as load_tile's do: the same bits either way.
 //
 // Consumer (warpgroup g, rows r0 = m0 + 64 (g - 1)): its own tiles [my_begin, my_end) are the
 // block's tiles its rows see (rows_see_tile; a contiguous range, since a row's visible keys
