@@ -46,9 +46,9 @@
 // so the softmax overlaps only the other consumers' wgmmas. With Tile::SOFTMAX_BESIDE_OWN_PV
 // (Dv 256) it overlaps the warpgroup's own P V too: wait_after_softmax keeps "wait O" after
 // it, and V(t-1) is waited for beside K(t), before S(t) is issued.
-// The waits on full barriers are followed by fence.proxy.async (cp.async writes through the
-// generic proxy, wgmma reads through the async one; one fence where K(t) and V(t-1) are waited
-// for together).
+// The waits on full barriers are followed by fence.proxy.async where cp.async filled them
+// (cp.async writes through the generic proxy, wgmma reads through the async one; one fence
+// where K(t) and V(t-1) are waited for together); TMA's writes need none.
 // A release is one arrival per warp (lane 0, after the warp's wgmma.wait_group): empty
 // barriers count 4 * CONSUMERS.
 // O sees the same operations in the same order as in flash_fwd_wgmma (its first rescale is of
@@ -336,21 +336,26 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     while (my_begin < my_end && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_begin)) ++my_begin;
     while (my_end > my_begin && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_end - 1)) --my_end;
 
-    // A tile's K or V has landed; a wgmma may read it once a fence.proxy.async follows.
+    // A tile's K or V has landed; a wgmma may read it once a fence.proxy.async follows, where
+    // cp.async wrote it (the generic proxy). TMA writes through the async proxy, as wgmma reads:
+    // no fence.
     auto k_landed = [&](int t) { mbar_wait(k_full(stage_of(t)), parity_of(t)); };
     auto v_landed = [&](int t) { mbar_wait(v_full(stage_of(t)), parity_of(t)); };
+    auto fence_copies = [&] {
+      if (!p.tma) fence_proxy_async();
+    };
     auto wait_k = [&](int t) {
       k_landed(t);
-      fence_proxy_async();
+      fence_copies();
     };
     auto wait_v = [&](int t) {
       v_landed(t);
-      fence_proxy_async();
+      fence_copies();
     };
     auto wait_k_and_previous_v = [&](int t) {  // K(t) and V(t - 1), one fence for both
       k_landed(t);
       v_landed(t - 1);
-      fence_proxy_async();
+      fence_copies();
     };
     auto release_k = [&](int t) {
       if (lane == 0) mbar_arrive(k_empty(stage_of(t)));
