@@ -175,7 +175,6 @@ class _HotPath:
             raise CudaError("cuStreamIsCapturing", cu.CUresult(err))
         return self._slots.status.value != 0  # CU_STREAM_CAPTURE_STATUS_NONE
 
-
     def encode_tensor_map(self, data_type: int, address: int, dims, strides, box) -> bytes:
         """cuTensorMapEncodeTiled of a tensor at `address` (dims innermost first, the byte
         strides of all but the first, a box of `box`), no interleave, 128-byte swizzle, L2
