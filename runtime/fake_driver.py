@@ -18,6 +18,8 @@ import numpy as np
 
 from cuda.bindings import driver as cu
 
+from .driver import CudaError
+
 __all__ = ["install", "launches", "fake_tensor_map"]
 
 _OK = cu.CUresult.CUDA_SUCCESS
@@ -181,7 +183,10 @@ class _FakeHotPath:
 
     def encode_tensor_map(self, data_type: int, address: int, dims, strides, box) -> bytes:
         """No driver to ask: the map's 128 bytes hold its arguments instead (fake_tensor_map
-        reads them back), so tests can see which map a launch got."""
+        reads them back), so tests can see which map a launch got. Like the driver's, it
+        refuses to encode without a current context."""
+        if not _context_stack:
+            raise CudaError("cuTensorMapEncodeTiled", cu.CUresult.CUDA_ERROR_INVALID_CONTEXT)
         words = (data_type, address, *dims, *strides, *box)
         return np.array(words + (0,) * (16 - len(words)), np.uint64).tobytes()
 

@@ -138,8 +138,11 @@ class Binding:
 
     # ---- running ---------------------------------------------------------------------------
     def write(self, index: int, ptr: int) -> None:
-        for view, offset in self.slots[index]:
-            view.value = ptr + offset
+        """Point argument `index`'s slots at `ptr` (a prepared call's binding and rebinding;
+        a context must be current, for a tensor map is encoded by the driver)."""
+        with on_device(self.device):
+            for view, offset in self.slots[index]:
+                view.value = ptr + offset
 
     def allocate(self, arrays: list, stream: Stream, persistent: bool) -> int:
         """Make the outputs the caller did not pass and return the workspace's address, if
