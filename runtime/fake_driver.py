@@ -34,7 +34,17 @@ _ATTRIBUTES = {
 _PRIMARY = 0x1000
 _handles = itertools.count(0x10000)
 _memory: dict[int, np.ndarray] = {}  # address -> the host buffer standing in for it
-_context_stack: list[int] = []
+
+
+class _ContextStack(threading.local):
+    """The calling thread's stack of current contexts: one a thread, as the driver's are."""
+
+    def __init__(self) -> None:
+        self.contexts: list[int] = []
+
+
+_thread = _ContextStack()
+
 launches = [0]  # kernel launches so far (tests read it)
 
 
@@ -82,12 +92,12 @@ def _free(ptr, *stream):
 
 
 def _push(ctx):
-    _context_stack.append(int(ctx))
+    _thread.contexts.append(int(ctx))
     return (_OK,)
 
 
 def _pop():
-    return _ok(cu.CUcontext(_context_stack.pop()))
+    return _ok(cu.CUcontext(_thread.contexts.pop()))
 
 
 _capture_modes: dict[int, object] = {}  # thread id -> its stream capture interaction mode
@@ -163,13 +173,14 @@ class _FakeHotPath:
     lib = None
 
     def current_context(self) -> int:
-        return _context_stack[-1] if _context_stack else 0
+        contexts = _thread.contexts
+        return contexts[-1] if contexts else 0
 
     def push(self, context: int) -> None:
-        _context_stack.append(context)
+        _thread.contexts.append(context)
 
     def pop(self) -> None:
-        _context_stack.pop()
+        _thread.contexts.pop()
 
     def alloc_async(self, nbytes: int, pool: int, stream: int) -> int:
         return _alloc(nbytes)
@@ -185,7 +196,7 @@ class _FakeHotPath:
         """No driver to ask: the map's 128 bytes hold its arguments instead (fake_tensor_map
         reads them back), so tests can see which map a launch got. Like the driver's, it
         refuses to encode without a current context."""
-        if not _context_stack:
+        if not _thread.contexts:
             raise CudaError("cuTensorMapEncodeTiled", cu.CUresult.CUDA_ERROR_INVALID_CONTEXT)
         words = (data_type, address, *dims, *strides, *box)
         return np.array(words + (0,) * (16 - len(words)), np.uint64).tobytes()
