@@ -7,9 +7,10 @@ memory uses) by a tile's rows. The kernel copies tile panels through the map
 (cu/flash_fwd_sm90_ws.cuh, tma_tile); rows past S and columns past D arrive as zeros.
 
 `spec(arr, rows)` says whether an array can be loaded that way (and how), `encode(address,
-spec)` returns the map's 128 bytes. A map holds the array's address, so a call rewrites its
-maps whenever it rewrites its pointers; `encode` caches them by (address, spec), so calls on
-the same buffers reuse a map rather than asking the driver again.
+spec, ordinal)` returns the map's 128 bytes. A map holds the array's address, so a call
+rewrites its maps whenever it rewrites its pointers; `encode` caches them by its arguments, so
+calls on the same buffers reuse a map rather than asking the driver again (and need no
+context current: only an encode does).
 """
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .context import on_device
+from .device import get_device
 from .driver import hot
 from .dtypes import bfloat16
 
@@ -68,11 +71,13 @@ def spec(arr, rows: int) -> MapSpec | None:
 
 
 @functools.lru_cache(maxsize=1024)
-def encode(address: int, map_spec: MapSpec) -> bytes:
-    """The 128 bytes of `map_spec`'s map of the tensor at `address` (cuTensorMapEncodeTiled;
-    a failure raises CudaError naming the call)."""
-    return hot().encode_tensor_map(map_spec.data_type, address, map_spec.dims, map_spec.strides,
-                                   (PANEL, map_spec.rows, 1, 1))
+def encode(address: int, map_spec: MapSpec, ordinal: int) -> bytes:
+    """The 128 bytes of `map_spec`'s map of the tensor at `address` on device `ordinal`
+    (cuTensorMapEncodeTiled, in a context of that device, which the driver requires; a failure
+    raises CudaError naming the call)."""
+    with on_device(get_device(ordinal)):
+        return hot().encode_tensor_map(map_spec.data_type, address, map_spec.dims, map_spec.strides,
+                                       (PANEL, map_spec.rows, 1, 1))
 
 
 class MapSlot:
@@ -80,16 +85,16 @@ class MapSlot:
     writes an array's address to its slots (`slot.value = address`) writes the array's map
     here instead (at `dst`, a map field of a parameter struct)."""
 
-    __slots__ = ("dst", "map_spec", "address")
+    __slots__ = ("dst", "map_spec", "ordinal", "address")
 
-    def __init__(self, dst: int, map_spec: MapSpec) -> None:
+    def __init__(self, dst: int, map_spec: MapSpec, ordinal: int) -> None:
         # A byte view of the field: assigning to a slice of it costs a sixth of a ctypes.memmove.
         self.dst = memoryview((ctypes.c_ubyte * MAP_BYTES).from_address(dst)).cast("B")
-        self.map_spec, self.address = map_spec, None
+        self.map_spec, self.ordinal, self.address = map_spec, ordinal, None
 
     def _write(self, address: int) -> None:
         if address != self.address:  # calls on the same buffers keep their map
-            self.dst[:] = encode(address, self.map_spec)
+            self.dst[:] = encode(address, self.map_spec, self.ordinal)
             self.address = address
 
     value = property(None, _write, doc="Write-only: the address of the array whose map goes to `dst`.")

@@ -119,7 +119,7 @@ class Binding:
     def point_map(self, name: str, launch: Launch, field: str, map_spec: MapSpec) -> None:
         """Tensor-map field `field` describes argument `name`: rewritten with its pointers."""
         dst = ctypes.addressof(launch.params) + getattr(type(launch.params), field).offset
-        self.slots[self.op.index[name]].append((MapSlot(dst, map_spec), 0))
+        self.slots[self.op.index[name]].append((MapSlot(dst, map_spec, self.device.ordinal), 0))
 
     def make(self, name: str, shape, dtype, fill: int | None = None) -> None:
         """`fill`: a 32-bit word the output is filled with when made (for outputs whose every
@@ -138,11 +138,8 @@ class Binding:
 
     # ---- running ---------------------------------------------------------------------------
     def write(self, index: int, ptr: int) -> None:
-        """Point argument `index`'s slots at `ptr` (a prepared call's binding and rebinding;
-        a context must be current, for a tensor map is encoded by the driver)."""
-        with on_device(self.device):
-            for view, offset in self.slots[index]:
-                view.value = ptr + offset
+        for view, offset in self.slots[index]:
+            view.value = ptr + offset
 
     def allocate(self, arrays: list, stream: Stream, persistent: bool) -> int:
         """Make the outputs the caller did not pass and return the workspace's address, if
