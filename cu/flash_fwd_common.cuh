@@ -62,7 +62,10 @@ struct FlashFwdParams {
   // and v tiles by TMA through these maps over (dim, token, head, batch), each box one
   // 64-column panel of a tile's rows, 128-byte swizzle; 0: by cp.async, the maps unused.
   int tma;
-  TensorMap q_map, k_map, v_map;
+  // The staged-mask twins of the general ws kernels (launched with tma 1) also load each key
+  // tile's mask tile through mask_map, over (key, query, head, batch) with the same boxes
+  // (flash_fwd_sm90_ws.cuh); unused by every other kernel.
+  TensorMap q_map, k_map, v_map, mask_map;
 };
 
 // The rows one block serves: query rows [m0, m0 + BR) of sequence b, whose queries start at
@@ -364,10 +367,10 @@ __device__ __forceinline__ float softmax_mul(const FlashFwdParams& p) {
 // softcap(dot * scale) * log2 e plus the mask's bias, as score_log2 makes them but with the
 // branches on the call's options taken once a tile; or, for a softcap call without a mask,
 // tanh(dot * scale / cap) (see softmax_mul). Keys outside the causal/window range or past Skv
-// are left for the caller to cut.
+// are left for the caller to cut. unmasked_scores is all of it but the mask's bias (the general
+// ws kernels' staged-mask twins add a mask they staged themselves).
 template <int N8>
-__device__ __forceinline__ void general_scores(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,
-                                               int col0, int seq_kv) {
+__device__ __forceinline__ void unmasked_scores(float* s, const FlashFwdParams& p) {
   const float scale = p.scale, cap = p.softcap;
   if (cap > 0.f) {
     const float to_tanh = scale / cap;
@@ -381,6 +384,11 @@ __device__ __forceinline__ void general_scores(float* s, const FlashFwdParams& p
 #pragma unroll
     for (int i = 0; i < 4 * N8; ++i) s[i] *= scale * kLog2e;
   }
+}
+template <int N8>
+__device__ __forceinline__ void general_scores(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,
+                                               int col0, int seq_kv) {
+  unmasked_scores<N8>(s, p);
   switch (p.mask_kind) {
     case MASK_BOOL: add_mask<unsigned char, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
     case MASK_F32: add_mask<float, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;

@@ -30,6 +30,15 @@
 // offsets: a block's rows start at m0, a tile's keys at t * KEYS). The layout is the same, and
 // rows past the sequence's end (the map's last token) and columns past the head dim land as
 // zeros as load_tile's do: the same bits either way.
+// Staged masks (the STAGED_MASK twins of the general kernels, NAME ending _staged_mask, which
+// the host runs for tma calls whose mask is f16 / bf16 and addressable by TMA:
+// runtime/ops/attention.py): thread 0 also copies each key tile's mask tile (the block's ROWS
+// query rows by the tile's KEYS keys, 128-byte swizzle) into the mask stage that follows the
+// ring, through p.mask_map, its bytes expected on K's full barrier before K's arrival; the
+// consumers read their bias from there (staged_mask_scores) instead of from global memory,
+// where each tile's 32 loads a thread stood between S(t) and its softmax, and release K(t)
+// only after making S(t)'s scores. Same sums, same bits. A twin of its own, not a branch of
+// the general kernel: with both paths in one kernel, D128's spills grew from 8 to 124 bytes.
 //
 // Consumer (warpgroup g, rows r0 = m0 + 64 (g - 1)): its own tiles [my_begin, my_end) are the
 // block's tiles its rows see (rows_see_tile; a contiguous range, since a row's visible keys
@@ -109,6 +118,9 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static constexpr int CONSUMERS = GROUPS_;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int SHARED = Geometry::Q_BYTES + STAGES * (Geometry::K_BYTES + Geometry::V_BYTES) + 1024;
+  // A stage's mask tile in the STAGED_MASK twins: a tile's rows by its keys of a 16-bit mask,
+  // after the ring.
+  static constexpr int MASK_STAGE_BYTES = 64 * GROUPS_ * KEYS_ * 2;
   // Three consumers need 160 a thread (at 152 ptxas serialized their wgmmas, warning C7512),
   // so the producer keeps 32 there (40 spilled nothing beside two consumers; 24 spilled 72 B).
   static constexpr int PRODUCER_REGS = CONSUMERS == 3 ? 32 : 40, CONSUMER_REGS = CONSUMERS == 3 ? 160 : 232;
@@ -167,23 +179,36 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// TMA (tma 1): one thread arrives on a tile's full barrier expecting the tile's bytes, then
-// copies the tile's D / 64 panels (ROWS rows of 64 columns, 128-byte swizzle: sw128_offset's
-// layout) from `map` at (column, row, head, batch); the barrier's phase completes when they land.
-// Rows past the map's tokens and columns past its dim arrive as zeros.
+// TMA (tma 1): copies the D / 64 panels of a tile of 16-bit elements (ROWS rows of 64 columns,
+// 128-byte swizzle: sw128_offset's layout) from `map` at (col0 + 64 panel, row, head, batch),
+// their bytes completing on `bar`. Rows past the map's tokens and columns past its dim arrive as
+// zeros.
+template <int ROWS, int D>
+__device__ __forceinline__ void tma_panels(unsigned dst, const TensorMap& map, int col0, int row, int head, int batch,
+                                           unsigned bar) {
+#pragma unroll
+  for (int panel = 0; panel < D / 64; ++panel)
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst + panel * ROWS * 128),
+        "l"(reinterpret_cast<unsigned long long>(&map)), "r"(col0 + 64 * panel), "r"(row), "r"(head), "r"(batch),
+        "r"(bar)
+        : "memory");
+}
+// One thread arrives on a tile's full barrier expecting the tile's bytes, then copies the tile
+// (columns from 0); the barrier's phase completes when they land.
 template <class T, int ROWS, int D>
 __device__ __forceinline__ void tma_tile(unsigned dst, const TensorMap& map, int row, int head, int batch,
                                          unsigned bar) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
                "n"(ROWS * D * static_cast<int>(sizeof(T)))
                : "memory");
-#pragma unroll
-  for (int panel = 0; panel < D / 64; ++panel)
-    asm volatile(
-        "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst + panel * ROWS * 128),
-        "l"(reinterpret_cast<unsigned long long>(&map)), "r"(64 * panel), "r"(row), "r"(head), "r"(batch), "r"(bar)
-        : "memory");
+  tma_panels<ROWS, D>(dst, map, 0, row, head, batch, bar);
+}
+// Raises the bytes the barrier's current phase waits for, without an arrival: copies that
+// complete on the barrier beside a tma_tile's, issued before its arrival.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void prefetch_tensor_map(const TensorMap& map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(&map)) : "memory");
@@ -219,6 +244,35 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// Adds a mask tile the producer staged in shared memory (STAGED_MASK) to a thread's scores:
+// ROWS x KEYS elements of M (16-bit), key column c of tile row r at sw128_offset<ROWS>(r, c / 8) +
+// 2 (c % 8), as tma_panels lays them out (row r: query m0 + r; column c: key t * KEYS + c).
+// `row` is the thread's first row of the tile (its second is row + 8), its keys 8 j + 2 (lane & 3)
+// as in add_mask, which gives the same sums from the mask in global memory.
+template <class M, int ROWS, int N8>
+__device__ __forceinline__ void add_staged_mask(float* s, const unsigned char* tile, int row, int lane) {
+  using Pair = typename MaskPair<M>::type;
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int j = 0; j < N8; ++j) {
+      const Pair x = *reinterpret_cast<const Pair*>(tile + sw128_offset<ROWS>(row + 8 * r, j) + 4 * (lane & 3));
+      s[4 * j + 2 * r] += mask_bias_log2(x.x);
+      s[4 * j + 2 * r + 1] += mask_bias_log2(x.y);
+    }
+}
+// general_scores with the mask's bias from a staged tile (mask_kind f16 or bf16: the host stages
+// no other, so there is always one).
+template <int ROWS, int N8>
+__device__ __forceinline__ void staged_mask_scores(float* s, const FlashFwdParams& p, const unsigned char* tile,
+                                                   int row, int lane) {
+  unmasked_scores<N8>(s, p);
+  if (p.mask_kind == MASK_F16)
+    add_staged_mask<__half, ROWS, N8>(s, tile, row, lane);
+  else
+    add_staged_mask<__nv_bfloat16, ROWS, N8>(s, tile, row, lane);
+}
+
 // The producer's copy of a Q, K or V tile: load_full_tile where every row lies before the
 // sequence's end and every column counts (all tiles but a sequence's last, at unpadded head
 // dims), else load_tile with its row checks and zero-fill.
@@ -230,14 +284,19 @@ __device__ __forceinline__ void produce_tile(unsigned dst, const T* g, long long
     load_tile<T, ROWS, D, 128, UNROLL>(dst, g, row_stride, rows_valid, cols);
 }
 
-template <class T, class Tile, bool GENERAL>
+template <class T, class Tile, bool GENERAL, bool STAGED_MASK>
 __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   constexpr int DQK = Tile::DQK, DV = Tile::DV, ROWS = Tile::ROWS, KEYS = Tile::KEYS, STAGES = Tile::STAGES;
   constexpr int O_REGS = DV / 2;
+  static_assert(GENERAL || !STAGED_MASK, "only general kernels take masks");
+  static_assert(!STAGED_MASK || Tile::SHARED + STAGES * Tile::MASK_STAGE_BYTES <= 227 * 1024 - 1024,
+                "the mask stages fit beside Q, K and V");
   const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
   const unsigned q_addr = base;
   auto k_addr = [&](int stage) { return base + Tile::Q_BYTES + stage * (Tile::K_BYTES + Tile::V_BYTES); };
   auto v_addr = [&](int stage) { return k_addr(stage) + Tile::K_BYTES; };
+  // Stage s's mask tile, after the ring (STAGED_MASK: the host launched with room for them).
+  auto mask_addr = [&](int stage) { return k_addr(STAGES) + stage * Tile::MASK_STAGE_BYTES; };
 
   __shared__ SeqTile tile_info;
   __shared__ int tile_found;
@@ -278,13 +337,20 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     if (p.tma) {
       if (threadIdx.x == 0 && tile_begin < tile_end) {
         const int hk = h / (p.heads_q / p.heads_kv), b = st.b();
+        // The mask's head and batch in its map (an axis it broadcasts has length 1 there).
+        const int mask_h = p.mask_head_stride ? h : 0, mask_b = p.mask_batch_stride ? b : 0;
         prefetch_tensor_map(p.k_map);
         prefetch_tensor_map(p.v_map);
+        if constexpr (STAGED_MASK) prefetch_tensor_map(p.mask_map);
         tma_tile<T, ROWS, DQK>(q_addr, p.q_map, m0, h, b, q_full);
         for (int t = tile_begin; t < tile_end; ++t) {
           const int stage = stage_of(t);
           const bool refill = t - tile_begin >= STAGES;
           if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
+          if constexpr (STAGED_MASK) {  // the mask tile rides on K's barriers: expected before K's arrival
+            mbar_expect_tx(k_full(stage), Tile::MASK_STAGE_BYTES);
+            tma_panels<ROWS, KEYS>(mask_addr(stage), p.mask_map, t * KEYS, m0, mask_h, mask_b, k_full(stage));
+          }
           tma_tile<T, KEYS, DQK>(k_addr(stage), p.k_map, t * KEYS, hk, b, k_full(stage));
           if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
           tma_tile<T, KEYS, DV>(v_addr(stage), p.v_map, t * KEYS, hk, b, v_full(stage));
@@ -327,7 +393,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     const float mul = softmax_mul<GENERAL>(p);
     // S(t) as it comes out of the tensor cores -> the scores the softmax takes.
     auto make_scores = [&](float (&s)[KEYS / 2], int t) {
-      if constexpr (GENERAL)
+      if constexpr (STAGED_MASK)
+        staged_mask_scores<ROWS, KEYS / 8>(s, p, smem + (mask_addr(stage_of(t)) - smem_u32(smem)), my_row - m0, lane);
+      else if constexpr (GENERAL)
         general_scores<KEYS / 8>(s, p, st.b(), h, my_row, st.seq_q(), t * KEYS + 2 * (lane & 3), st.seq_kv());
       cut_keys<KEYS>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
     };
@@ -359,6 +427,17 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     };
     auto release_k = [&](int t) {
       if (lane == 0) mbar_arrive(k_empty(stage_of(t)));
+    };
+    // K(t)'s release once S(t) is made: right after its wgmmas, or, where its stage holds the
+    // tile's staged mask, after make_scores has read that (every lane of the warp).
+    auto release_k_before_scores = [&](int t) {
+      if constexpr (!STAGED_MASK) release_k(t);
+    };
+    auto release_k_after_scores = [&](int t) {
+      if constexpr (STAGED_MASK) {
+        __syncwarp();
+        release_k(t);
+      }
     };
     auto release_v = [&](int t) {
       if (lane == 0) mbar_arrive(v_empty(stage_of(t)));
@@ -401,8 +480,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       turn_arrive(my_begin);
       wgmma_wait<0>();
       fence_registers(s);
-      release_k(my_begin);
+      release_k_before_scores(my_begin);
       make_scores(s, my_begin);
+      release_k_after_scores(my_begin);
       online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);  // O is 0: no rescale
       pack_p<T, KEYS>(s, pa);
       for (int t = my_begin + 1; t < my_end; ++t) {
@@ -420,8 +500,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         turn_arrive(t);
         wgmma_wait<1>();  // S(t) done; O's P V may still run
         fence_registers(s);
-        release_k(t);
+        release_k_before_scores(t);
         make_scores(s, t);
+        release_k_after_scores(t);
         online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);
         if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) wait_after_softmax(row_sum[0]);
         wgmma_wait<0>();
@@ -459,11 +540,13 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 // NAME: the warp-specialized kernel (K/V through strides), the flash_fwd_sm90 table's "ws"
 // variants; GROUPS consumers (NAME has _m192 for three); PINGPONG: with the consumers'
 // ping-pong ("pingpong" variants, NAME ends _pp); GENERAL: the per-element score path (masks,
-// softcap, any scale; NAME has _general).
-#define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, GROUPS, PINGPONG, GENERAL)                  \
+// softcap, any scale; NAME has _general); STAGED_MASK: a general kernel's twin for 16-bit masks it
+// stages in shared memory by TMA (NAME ends _staged_mask; launched with tma 1 and MASK_STAGE_BYTES
+// more shared memory a stage).
+#define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, GROUPS, PINGPONG, GENERAL, STAGED_MASK)     \
   extern "C" __global__ void __launch_bounds__(                                                         \
       ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, PINGPONG>::type::THREADS, 1)               \
       NAME(const __grid_constant__ ptxattn::FlashFwdParams p) {                                         \
     ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, PINGPONG>::type, \
-                                GENERAL>(p);                                                            \
+                                GENERAL, STAGED_MASK>(p);                                               \
   }

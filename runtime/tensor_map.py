@@ -4,7 +4,8 @@ A dense q, k or v of shape [B, H, S, D] is described to the TMA unit as a 4-D te
 (dim, token, head, batch), innermost first, with byte strides, and a box of one 64-column
 panel (128 bytes of a 16-bit element, the width of the 128-byte swizzle the kernels' shared
 memory uses) by a tile's rows. The kernel copies tile panels through the map
-(cu/flash_fwd_sm90_ws.cuh, tma_tile); rows past S and columns past D arrive as zeros.
+(cu/flash_fwd_sm90_ws.cuh, tma_tile); rows past S and columns past D arrive as zeros. A 16-bit
+attention mask [B, Hq, Sq, Skv] is mapped the same way, its keys in place of D (a staged mask).
 
 `spec(arr, rows)` says whether an array can be loaded that way (and how), `encode(address,
 spec, ordinal)` returns the map's 128 bytes. A map holds the array's address, so a call
@@ -25,7 +26,7 @@ from .device import get_device
 from .driver import hot
 from .dtypes import bfloat16
 
-__all__ = ["MAP_BYTES", "PANEL", "MapSpec", "MapSlot", "spec", "encode"]
+__all__ = ["MAP_BYTES", "PANEL", "MapSpec", "MapSlot", "spec", "layout_spec", "encode"]
 
 MAP_BYTES = 128  # sizeof(CUtensorMap)
 PANEL = 64  # columns a box covers
@@ -45,21 +46,27 @@ class MapSpec(NamedTuple):
 
 
 def spec(arr, rows: int) -> MapSpec | None:
-    """The map of a [B, H, S, D] array loaded in boxes of `rows` rows, or None where TMA
-    cannot load it: an empty axis, a dtype other than f16 / bf16, a base off 16 bytes, a last axis not
-    contiguous, or a token, head or batch stride (of an axis longer than 1) that is not a
-    positive multiple of 16 bytes below 2^40. An axis of length 1 is never stepped, so its
-    stride is replaced by one TMA accepts."""
-    data_type = _DATA_TYPE.get(np.dtype(arr.dtype))
-    if data_type is None or arr.ptr % 16 or arr.element_strides[3] != 1 or not 0 < rows <= _MAX_BOX:
+    """The map of a [B, H, S, D] array loaded in boxes of `rows` rows (layout_spec)."""
+    return layout_spec(arr.dtype, arr.ptr, arr.shape, arr.element_strides, rows)
+
+
+def layout_spec(dtype, ptr: int, shape, element_strides, rows: int) -> MapSpec | None:
+    """The map of the [B, H, S, D] elements of `dtype` at `ptr` with those element strides
+    (a mask: [B, Hq, Sq, Skv], its keys in a map's D), loaded in boxes of `rows` rows, or None
+    where TMA cannot load it: an empty axis, a dtype other than f16 / bf16, a base off 16
+    bytes, a last axis not contiguous, or a token, head or batch stride (of an axis longer than
+    1) that is not a positive multiple of 16 bytes below 2^40. An axis of length 1 is never
+    stepped, so its stride is replaced by one TMA accepts."""
+    data_type = _DATA_TYPE.get(np.dtype(dtype))
+    if data_type is None or ptr % 16 or element_strides[3] != 1 or not 0 < rows <= _MAX_BOX:
         return None
-    b, h, s, d = arr.shape
-    if 0 in arr.shape:  # a map's dims are positive (a call without keys copies nothing anyway)
+    b, h, s, d = shape
+    if 0 in shape:  # a map's dims are positive (a call without keys copies nothing anyway)
         return None
-    itemsize = np.dtype(arr.dtype).itemsize
+    itemsize = np.dtype(dtype).itemsize
     strides = []
     span = d * itemsize  # bytes up to the next axis, if it were packed
-    for n, element_stride in ((s, arr.element_strides[2]), (h, arr.element_strides[1]), (b, arr.element_strides[0])):
+    for n, element_stride in ((s, element_strides[2]), (h, element_strides[1]), (b, element_strides[0])):
         stride = element_stride * itemsize
         if n == 1:
             stride = -(-span // 16) * 16

@@ -125,6 +125,7 @@ class Sm90Tile:
     ws: bool = False  # warp-specialized (cu/flash_fwd_sm90_ws.cuh): `groups` consumers and a producer
     stages: int = 2   # K/V stages in shared memory
     pingpong: bool = False  # ws kernels only: the consumers take turns on the tensor cores (named barriers)
+    staged_mask: bool = False  # a general ws kernel's twin that stages 16-bit masks in shared memory by TMA
 
     @property
     def rows(self) -> int:
@@ -137,9 +138,14 @@ class Sm90Tile:
     @property
     def shared_bytes(self) -> int:
         # Q, the stages of K and V, and 1024 bytes to align the base for the swizzle; fp8
-        # kernels add the staging area of the next tile's K and V bytes.
-        return (2 * (self.dim * self.rows + self.stages * self.keys * (self.dim + self.dim_v)) + 1024 +
-                (2 * self.keys * self.dim if self.fp8 else 0))
+        # kernels add the staging area of the next tile's K and V bytes, staged-mask twins a
+        # stage's tile of a 16-bit mask (rows by keys) beside each K/V stage.
+        shared = 2 * (self.dim * self.rows + self.stages * self.keys * (self.dim + self.dim_v)) + 1024
+        if self.fp8:
+            shared += 2 * self.keys * self.dim
+        if self.staged_mask:
+            shared += 2 * self.stages * self.rows * self.keys
+        return shared
 
     def holds(self, dqk: int, dv: int) -> bool:
         """A call of head dims (dqk, dv) can run this tile (zero-padded where smaller)."""
@@ -149,7 +155,8 @@ class Sm90Tile:
         """The entry point for `dtype`; `paged` K/V (a block table) have one of their own, but
         for fp8 K/V (and none for warp-specialized kernels: strided K/V only)."""
         return kernel_names.flash_fwd_sm90(dtype, self.dim, self.dim_v, self.general, ws=self.ws, groups=self.groups,
-                                           pingpong=self.pingpong, fp8=self.fp8, paged=paged)
+                                           pingpong=self.pingpong, staged_mask=self.staged_mask, fp8=self.fp8,
+                                           paged=paged)
 
 
 @dataclass(frozen=True)
@@ -215,13 +222,14 @@ def sdpa_fp8_variants() -> Mapping[int, Fp8Variant]:
                              for v in _variants("flash_fwd_fp8")})
 
 
-def _sm90_tiles(fp8: bool, ws: bool = False, pingpong: bool = False) -> list[Sm90Tile]:
+def _sm90_tiles(fp8: bool, ws: bool = False, pingpong: bool = False, staged_mask: bool = False) -> list[Sm90Tile]:
     """flash_fwd_sm90's tiles over fp8 K/V, or over K/V in q's dtype; warp-specialized ones
-    (ws) apart, and among them the ping-pong ones."""
+    (ws) apart, and among them the ping-pong ones, and the staged-mask twins."""
     return [_from_record(Sm90Tile, {"dim_v": v["dim"], "keys": 128, "fp8": False, "ws": False, "stages": 2,
-                                    "pingpong": False, **v})
+                                    "pingpong": False, "staged_mask": False, **v})
             for v in _variants("flash_fwd_sm90")
-            if v.get("fp8", False) == fp8 and v.get("ws", False) == ws and v.get("pingpong", False) == pingpong]
+            if v.get("fp8", False) == fp8 and v.get("ws", False) == ws and v.get("pingpong", False) == pingpong
+            and v.get("staged_mask", False) == staged_mask]
 
 
 @functools.cache
@@ -245,6 +253,15 @@ def sm90_ws_pp_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
     general); ops/attention.py runs them in place of sm90_ws_tiles' for the dims of
     sm90_pingpong_dims()."""
     return MappingProxyType({(t.dim, t.general): t for t in _sm90_tiles(fp8=False, ws=True, pingpong=True)})
+
+
+@functools.cache
+def sm90_staged_mask_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
+    """The staged-mask twins of general warp-specialized tiles by (dim, pingpong): ops/attention.py
+    runs one in place of its general tile for calls whose 16-bit mask TMA can load."""
+    tiles = _sm90_tiles(fp8=False, ws=True, staged_mask=True) + _sm90_tiles(fp8=False, ws=True, pingpong=True,
+                                                                           staged_mask=True)
+    return MappingProxyType({(t.dim, t.pingpong): t for t in tiles})
 
 
 @functools.cache

@@ -29,7 +29,7 @@ from ptxattn.ops import attention
 from ptxattn.variants import sm90_tiles, sm90_ws_pp_tiles, sm90_ws_tiles
 
 from serving_util import check_rows, covered_rows, ragged_batch
-from test_sdpa_gpu import BF16, F16, Case, _check, _run_device
+from test_sdpa_gpu import BF16, F16, Case, _check, _inputs, _mask_shape, _run_device
 from test_serving_gpu import run_ragged
 
 pytestmark = pytest.mark.gpu
@@ -97,6 +97,13 @@ CASES = [
     Case(F16, 1, 4, 2, 257, 900, 160, 128, mask="bhqk", mask_dtype=np.dtype(bool)),
     Case(BF16, 1, 4, 4, 1000, 1000, 256, 256, causal=True, softcap=30.0),
     Case(F16, 1, 2, 2, 300, 130, 256, 256, causal=True, scale=-0.05, mask="qk", mask_dtype=F16),
+    # 16-bit masks TMA can load (Skv a multiple of 8, unpadded dims): the staged-mask twins, whose
+    # children (cp_async, plain, and ws at D64 / D128) read the mask from global memory.
+    Case(BF16, 2, 4, 2, 300, 704, 128, 128, causal=True, mask="bhqk", mask_dtype=BF16),
+    Case(F16, 1, 4, 4, 257, 1024, 64, 64, mask="qk", mask_dtype=F16, softcap=5.0, sinks=True),
+    Case(BF16, 1, 4, 2, 300, 512, 256, 256, causal=True, align="bottom_right", mask="bhqk", mask_dtype=BF16),
+    Case(F16, 1, 8, 8, 2048, 2048, 128, 128, causal=True, mask="qk", mask_dtype=F16),  # the ring wraps
+    Case(BF16, 1, 4, 2, 700, 896, 64, 64, window=(100, 20), mask="bhqk", mask_dtype=BF16, scale=0.3),
 ]
 # (dtype, D, lengths of the queries, options): ragged batches (bottom-right per sequence).
 RAGGED = [
@@ -212,6 +219,41 @@ def test_dense_calls_whose_dims_fill_the_tile_load_by_tma(seed, dtype, dqk, dv, 
     v = ptxattn.empty((1, 2, 500, dv), dtype)
     (launch,) = ptxattn.prepare(ptxattn.sdpa, q, k, v, causal=True).launches
     assert "_ws" in launch.name and launch.params.tma == int(loads_by_tma), (launch.name, launch.params.tma)
+
+
+@pytest.mark.parametrize("dqk, dv, mask, mask_dtype, skv, staged", [
+    (128, 128, "bhqk", BF16, 704, True), (64, 64, "qk", F16, 1024, True), (256, 256, "bhqk", BF16, 512, True),
+    (128, 128, "bhqk", BF16, 700, False),                 # a query stride off 16 bytes
+    (128, 128, "qk", np.dtype(np.float32), 704, False), (128, 128, "qk", np.dtype(bool), 704, False),
+    (128, 128, "1h1k", BF16, 704, False),                 # the query axis broadcast
+    (192, 128, "bhqk", BF16, 704, False),                 # no twin
+])
+def test_16_bit_masks_tma_can_load_run_the_staged_mask_twins(seed, dqk, dv, mask, mask_dtype, skv, staged):
+    """What the children are compared against on the staged cases: this process runs the
+    staged-mask twin (tensor map over the mask) exactly where the mask is f16 / bf16 and TMA can
+    load it, and the general kernel otherwise."""
+    case = Case(BF16, 2, 4, 2, 300, skv, dqk, dv, mask=mask, mask_dtype=mask_dtype)
+    q, k = ptxattn.empty((2, 4, 300, dqk), BF16), ptxattn.empty((2, 2, skv, dqk), BF16)
+    v, m = ptxattn.empty((2, 2, skv, dv), BF16), ptxattn.empty(_mask_shape(case), mask_dtype)
+    (launch,) = ptxattn.prepare(ptxattn.sdpa, q, k, v, attn_mask=m).launches
+    assert "_general_ws" in launch.name and launch.name.endswith("_staged_mask") == staged, launch.name
+
+
+def test_staged_masks_with_rows_and_keys_masked_out(seed):
+    """A staged bf16 mask with -inf on whole rows (no visible key: o 0, lse -inf), on whole key
+    tiles and scattered, against the float64 reference."""
+    case = Case(BF16, 1, 4, 2, 300, 1024, 128, 128, causal=True, align="bottom_right", mask="bhqk", mask_dtype=BF16)
+    rng = np.random.default_rng([seed, 77])
+    q, k, v, mask, sinks = _inputs(case, rng)
+    mask[rng.random(mask.shape) < 0.2] = -np.inf
+    mask[:, :, 3:40, :] = -np.inf
+    mask[:, :, :, 128:384] = -np.inf
+    (launch,) = ptxattn.prepare(ptxattn.sdpa, *(ptxattn.asarray(x) for x in (q, k, v)),
+                                attn_mask=ptxattn.asarray(mask), causal=True, causal_align="bottom_right").launches
+    assert launch.name.endswith("_staged_mask"), launch.name
+    o, lse, inputs = _run_device(case, rng, (q, k, v, mask, sinks))
+    _check(case, o, lse, *inputs)
+    assert np.all(lse[:, :, 3:40] == -np.inf) and np.all(o[:, :, 3:40].astype(np.float32) == 0)
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[str(c) for c in CASES])

@@ -8,8 +8,8 @@ import pytest
 
 from ptxattn.module import manifest
 from ptxattn.variants import (DecodeTile, Sm90Tile, decode_d_tiles, kv_quant_dtypes, merge_dtypes, sdpa_fp8_variants,
-                              sdpa_tiles, sm90_fp8_tiles, sm90_tiles, sm90_ws_pp_tiles, sm90_ws_tiles,
-                              softmax_dtypes)
+                              sdpa_tiles, sm90_fp8_tiles, sm90_staged_mask_tiles, sm90_tiles, sm90_ws_pp_tiles,
+                              sm90_ws_tiles, softmax_dtypes)
 
 DTYPES = ("f16", "bf16", "f32")
 
@@ -26,8 +26,8 @@ def test_views_name_every_kernel_of_the_manifest():
     assert {t.kernel(dt, paged) for t in sm90_tiles().values() for dt in sm90_dtypes
             for paged in (False, True)} | {t.kernel(dt) for t in sm90_fp8_tiles().values()
                                            for dt in sm90_dtypes} | \
-        {t.kernel(dt) for tiles in (sm90_ws_tiles(), sm90_ws_pp_tiles()) for t in tiles.values()
-         for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
+        {t.kernel(dt) for tiles in (sm90_ws_tiles(), sm90_ws_pp_tiles(), sm90_staged_mask_tiles())
+         for t in tiles.values() for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
     fp8_dtypes = manifest()["families"]["flash_fwd_fp8"]["dtypes"]
     assert {v.kernel(dt) for v in sdpa_fp8_variants().values() for dt in fp8_dtypes} == kernels("flash_fwd_fp8")
     assert {t.kernel for dt in DTYPES for kv in (None, "e4m3", "e5m2") for t in decode_d_tiles(dt, kv)} == \
@@ -146,3 +146,14 @@ def test_sm90_ws_tiles():
     for (dim, general), tile in pp.items():
         assert tile.pingpong and dataclasses.replace(tile, pingpong=False) == ws[dim, general]
         assert tile.kernel("f16") == ws[dim, general].kernel("f16") + "_pp"
+    # The staged-mask twins of the default general kernels (the ping-pong ones at D64 / D128, the
+    # ws one at D256; 192 / 128 has no room): the same tiles but for the flag, a mask tile of rows
+    # by keys 16-bit elements a stage beside the ring, a kernel of their own.
+    staged = sm90_staged_mask_tiles()
+    assert set(staged) == {(64, True), (128, True), (256, False)}
+    for (dim, pingpong), tile in staged.items():
+        general = (pp if pingpong else ws)[dim, True]
+        assert tile.staged_mask and dataclasses.replace(tile, staged_mask=False) == general
+        assert tile.shared_bytes == general.shared_bytes + 2 * tile.stages * tile.rows * tile.keys
+        assert tile.shared_bytes <= SM90_DYNAMIC_SHARED_MAX
+        assert tile.kernel("bf16") == general.kernel("bf16") + "_staged_mask"

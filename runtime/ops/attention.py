@@ -19,8 +19,8 @@ from ..array import DeviceArray
 from ..dtypes import bfloat16
 from ..module import ParamStruct, loaded_arch
 from ..tensor_map import MAP_BYTES, MapSpec
-from ..variants import (SdpaVariant, Sm90Tile, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles, sm90_tiles,
-                        sm90_ws_pp_tiles, sm90_ws_tiles)
+from ..variants import (SdpaVariant, Sm90Tile, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles,
+                        sm90_staged_mask_tiles, sm90_tiles, sm90_ws_pp_tiles, sm90_ws_tiles)
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_nonnegative_strides,
                      check_output, check_sinks, check_unit_last_stride, parse_scale, parse_softcap, parse_window,
                      require)
@@ -80,7 +80,8 @@ class _FlashFwdParams(ParamStruct):
     """Mirror of FlashFwdParams in cu/flash_fwd_common.cuh: same fields, same order (and a
     padding field where C's alignment leaves a gap)."""
     _fields_ = _PACKED_FIELDS + [("tma", ctypes.c_int32), ("_padding", ctypes.c_uint8 * _MAP_PADDING),
-                                 ("q_map", _TENSOR_MAP), ("k_map", _TENSOR_MAP), ("v_map", _TENSOR_MAP)]
+                                 ("q_map", _TENSOR_MAP), ("k_map", _TENSOR_MAP), ("v_map", _TENSOR_MAP),
+                                 ("mask_map", _TENSOR_MAP)]
 
 
 # ---- validation (host only, before any device work) ---------------------------------
@@ -271,8 +272,7 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
     ws_tile = _pick_sm90_ws_tile(dqk, dv, general) if wgmma and chunked and not paged else None
     if ws_tile is not None and (sm90_ws_enabled() if ws is None else ws):
         pp = ws_tile.dim in sm90_pingpong_dims() if pingpong is None else pingpong
-        tile = sm90_ws_pp_tiles().get((ws_tile.dim, general), ws_tile) if pp else ws_tile
-        return KernelPlan(tile.kernel(_DTYPE_NAME[dtype]), tile.rows, tile.threads, tile.shared_bytes, True, tile)
+        return ws_plan(sm90_ws_pp_tiles().get((ws_tile.dim, general), ws_tile) if pp else ws_tile, dtype)
     tile = _pick_sm90_tile(dqk, dv, general) if wgmma and (chunked or not paged) else None
     if tile is not None:
         return KernelPlan(tile.kernel(_DTYPE_NAME[dtype], paged), tile.rows, tile.threads, tile.shared_bytes, chunked)
@@ -280,6 +280,11 @@ def plan_kernel(dtype, dqk, dv, general, wgmma, paged: bool = False, fp8: bool =
     tile = variant.general if general else variant.plain
     return KernelPlan(variant.kernel(_DTYPE_NAME[dtype], general), tile.rows, tile.threads, tile.shared_bytes,
                       vector_io)
+
+
+def ws_plan(tile: Sm90Tile, dtype) -> KernelPlan:
+    """The plan of a warp-specialized tile's kernel for q's dtype."""
+    return KernelPlan(tile.kernel(_DTYPE_NAME[np.dtype(dtype)]), tile.rows, tile.threads, tile.shared_bytes, True, tile)
 
 
 @functools.lru_cache(maxsize=None)
@@ -340,16 +345,21 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
                           lse_strides, c.left, c.right, c.scale, c.softcap, plan.vector_io, heads=(hq, hkv),
                           dims=(dqk, dv), seq_q=sq, seq_kv=skv, mask_kind=mask_kind, mask_strides=mask_strides,
                           diag_offset=c.diag_offset)
+    maps = tma_maps(plan.ws_tile, q, k, v)
+    mask_map = staged_mask_map(plan.ws_tile, maps, mask, (batch, hq, sq, skv))
+    if mask_map is not None:
+        plan = ws_plan(staged_mask_twin(plan.ws_tile), dtype)
     launch = binding.launch(plan.kernel, (-(-sq // plan.rows), hq, batch), (plan.threads, 1, 1), params, plan.shared)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
                         ("attn_mask", "mask"), ("sinks", "sinks")):
         if a[name] is not None or name == "out" or (name == "out_lse" and c.with_lse):
             binding.point(name, launch, field)
-    maps = tma_maps(plan.ws_tile, q, k, v)
     if maps is not None:
         params.tma = 1
         for name, map_spec in zip(("q", "k", "v"), maps):
             binding.point_map(name, launch, f"{name}_map", map_spec)
+    if mask_map is not None:
+        binding.point_map("attn_mask", launch, "mask_map", mask_map)
 
 
 def tma_maps(tile: Sm90Tile | None, q, k, v) -> tuple[MapSpec, MapSpec, MapSpec] | None:
@@ -361,6 +371,30 @@ def tma_maps(tile: Sm90Tile | None, q, k, v) -> tuple[MapSpec, MapSpec, MapSpec]
         return None
     maps = (tensor_map.spec(q, tile.rows), tensor_map.spec(k, tile.keys), tensor_map.spec(v, tile.keys))
     return None if None in maps else maps
+
+
+def staged_mask_twin(tile: Sm90Tile | None) -> Sm90Tile | None:
+    """The twin of a general warp-specialized tile that stages 16-bit masks in shared memory by
+    TMA (cu/flash_fwd_sm90_ws.cuh, STAGED_MASK), or None where it has none."""
+    if tile is None or not tile.general:
+        return None
+    return sm90_staged_mask_tiles().get((tile.dim, tile.pingpong))
+
+
+def staged_mask_map(tile: Sm90Tile | None, maps, mask, full: tuple[int, int, int, int]) -> MapSpec | None:
+    """The tensor map through which `tile`'s staged-mask twin would load `mask` (FlashFwdParams
+    .mask_map), or None where the general kernel reads the mask from global memory instead: no
+    q / k / v maps (the mask's copies ride on K's), no twin, a mask other than f16 / bf16, one
+    that broadcasts its query or key axis, or one TMA cannot address (tensor_map.layout_spec).
+    `full` is [B, Hq, Sq, Skv]; a broadcast batch or head axis has length 1 in the map (the
+    kernel reads its index 0)."""
+    if maps is None or mask is None or staged_mask_twin(tile) is None:
+        return None
+    strides = _mask_strides(mask)
+    if strides[2] == 0 or strides[3] != 1:
+        return None
+    shape = tuple(n if stride else 1 for n, stride in zip(full, strides))
+    return tensor_map.layout_spec(mask.dtype, mask.ptr, shape, strides, tile.rows)
 
 
 # The parameter struct's bytes up to its TMA fields, native alignment (as ctypes lays it out).
