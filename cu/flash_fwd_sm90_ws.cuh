@@ -31,14 +31,15 @@
 // rows past the sequence's end (the map's last token) and columns past the head dim land as
 // zeros as load_tile's do: the same bits either way.
 // Staged masks (the STAGED_MASK twins of the general kernels, NAME ending _staged_mask, which
-// the host runs for tma calls whose mask is f16 / bf16 and addressable by TMA:
+// the host runs for tma calls whose mask is f16, bf16 or bool and addressable by TMA:
 // runtime/ops/attention.py): thread 0 also copies each key tile's mask tile (the block's ROWS
-// query rows by the tile's KEYS keys, 128-byte swizzle) into the mask stage that follows the
-// ring, through p.mask_map, its bytes expected on K's full barrier before K's arrival; the
-// consumers read their bias from there (staged_mask_scores) instead of from global memory,
-// where each tile's 32 loads a thread stood between S(t) and its softmax, and release K(t)
-// only after making S(t)'s scores. Same sums, same bits. A twin of its own, not a branch of
-// the general kernel: with both paths in one kernel, D128's spills grew from 8 to 124 bytes.
+// query rows, or the one row of a mask that broadcasts its query axis, by the tile's KEYS keys,
+// 128-byte swizzle) into the mask stage that follows the ring, through p.mask_map, its bytes
+// expected on K's full barrier before K's arrival; the consumers read their bias from there
+// (staged_mask_scores) instead of from global memory, where each tile's 32 loads a thread stood
+// between S(t) and its softmax, and release K(t) only after making S(t)'s scores. Same sums,
+// same bits. A twin of its own, not a branch of the general kernel: with both paths in one
+// kernel, D128's spills grew from 8 to 124 bytes.
 //
 // Consumer (warpgroup g, rows r0 = m0 + 64 (g - 1)): its own tiles [my_begin, my_end) are the
 // block's tiles its rows see (rows_see_tile; a contiguous range, since a row's visible keys
@@ -118,8 +119,8 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static constexpr int CONSUMERS = GROUPS_;
   static constexpr int THREADS = 128 * (CONSUMERS + 1);
   static constexpr int SHARED = Geometry::Q_BYTES + STAGES * (Geometry::K_BYTES + Geometry::V_BYTES) + 1024;
-  // A stage's mask tile in the STAGED_MASK twins: a tile's rows by its keys of a 16-bit mask,
-  // after the ring.
+  // A stage's mask tile in the STAGED_MASK twins, after the ring: room for a tile's rows by its
+  // keys of a 16-bit mask (a bool or query-broadcast one takes less of it).
   static constexpr int MASK_STAGE_BYTES = 64 * GROUPS_ * KEYS_ * 2;
   // Three consumers need 160 a thread (at 152 ptxas serialized their wgmmas, warning C7512),
   // so the producer keeps 32 there (40 spilled nothing beside two consumers; 24 spilled 72 B).
@@ -179,20 +180,20 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// TMA (tma 1): copies the D / 64 panels of a tile of 16-bit elements (ROWS rows of 64 columns,
-// 128-byte swizzle: sw128_offset's layout) from `map` at (col0 + 64 panel, row, head, batch),
-// their bytes completing on `bar`. Rows past the map's tokens and columns past its dim arrive as
-// zeros.
-template <int ROWS, int D>
+// TMA (tma 1): copies the PANELS panels of a tile (ROWS rows of 128 bytes, PANEL_COLS elements:
+// 64 of a 16-bit element, 128 of a byte; 128-byte swizzle: sw128_offset's layout, panel p at
+// dst + p ROWS 128) from `map` at (col0 + PANEL_COLS p, row, head, batch), their bytes completing
+// on `bar`. Rows past the map's tokens and columns past its dim arrive as zeros.
+template <int ROWS, int PANELS, int PANEL_COLS = 64>
 __device__ __forceinline__ void tma_panels(unsigned dst, const TensorMap& map, int col0, int row, int head, int batch,
                                            unsigned bar) {
 #pragma unroll
-  for (int panel = 0; panel < D / 64; ++panel)
+  for (int panel = 0; panel < PANELS; ++panel)
     asm volatile(
         "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
         " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(dst + panel * ROWS * 128),
-        "l"(reinterpret_cast<unsigned long long>(&map)), "r"(col0 + 64 * panel), "r"(row), "r"(head), "r"(batch),
-        "r"(bar)
+        "l"(reinterpret_cast<unsigned long long>(&map)), "r"(col0 + PANEL_COLS * panel), "r"(row), "r"(head),
+        "r"(batch), "r"(bar)
         : "memory");
 }
 // One thread arrives on a tile's full barrier expecting the tile's bytes, then copies the tile
@@ -203,7 +204,7 @@ __device__ __forceinline__ void tma_tile(unsigned dst, const TensorMap& map, int
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
                "n"(ROWS * D * static_cast<int>(sizeof(T)))
                : "memory");
-  tma_panels<ROWS, D>(dst, map, 0, row, head, batch, bar);
+  tma_panels<ROWS, D / 64>(dst, map, 0, row, head, batch, bar);
 }
 // Raises the bytes the barrier's current phase waits for, without an arrival: copies that
 // complete on the barrier beside a tma_tile's, issued before its arrival.
@@ -244,33 +245,64 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
-// Adds a mask tile the producer staged in shared memory (STAGED_MASK) to a thread's scores:
-// ROWS x KEYS elements of M (16-bit), key column c of tile row r at sw128_offset<ROWS>(r, c / 8) +
-// 2 (c % 8), as tma_panels lays them out (row r: query m0 + r; column c: key t * KEYS + c).
-// `row` is the thread's first row of the tile (its second is row + 8), its keys 8 j + 2 (lane & 3)
-// as in add_mask, which gives the same sums from the mask in global memory.
+// Adds a mask tile the producer staged in shared memory (STAGED_MASK) to a thread's scores: rows
+// of KEYS elements of M (bool or 16-bit) in 128-byte panels as tma_panels lays them out, the
+// 128-byte swizzle moving 16-byte chunks by the row's low three bits. The thread's keys are
+// 8 j + 2 (lane & 3) of its rows row0 and row1 of the tile, as in add_mask, which gives the same
+// sums from the mask in global memory.
 template <class M, int ROWS, int N8>
-__device__ __forceinline__ void add_staged_mask(float* s, const unsigned char* tile, int row, int lane) {
+__device__ __forceinline__ void add_staged_mask(float* s, const unsigned char* tile, int row0, int row1, int lane) {
   using Pair = typename MaskPair<M>::type;
+  constexpr int PANEL_COLS = 128 / sizeof(M);
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
+  for (int r = 0; r < 2; ++r) {
+    const int row = r ? row1 : row0;
 #pragma unroll
     for (int j = 0; j < N8; ++j) {
-      const Pair x = *reinterpret_cast<const Pair*>(tile + sw128_offset<ROWS>(row + 8 * r, j) + 4 * (lane & 3));
+      const int col = 8 * j;  // the lane's pair starts 2 (lane & 3) elements in: within col's chunk
+      const int chunk_byte = (col % PANEL_COLS) * static_cast<int>(sizeof(M));
+      const int offset = col / PANEL_COLS * ROWS * 128 + row * 128 + (chunk_byte ^ ((row & 7) << 4)) +
+                         2 * static_cast<int>(sizeof(M)) * (lane & 3);
+      const Pair x = *reinterpret_cast<const Pair*>(tile + offset);
       s[4 * j + 2 * r] += mask_bias_log2(x.x);
       s[4 * j + 2 * r + 1] += mask_bias_log2(x.y);
     }
+  }
 }
-// general_scores with the mask's bias from a staged tile (mask_kind f16 or bf16: the host stages
-// no other, so there is always one).
+// The bytes of a stage's staged mask tile: its rows (1 where the mask broadcasts its query axis:
+// every row reads that one) by KEYS elements of the mask's type.
+template <int ROWS, int KEYS>
+__device__ __forceinline__ unsigned staged_mask_bytes(const FlashFwdParams& p) {
+  return (p.mask_query_stride ? ROWS : 1) * KEYS * (p.mask_kind == MASK_BOOL ? 1 : 2);
+}
+// The producer's copies of key tile t's mask tile (the block's rows from m0, or the one row of a
+// query-broadcast mask) into a stage, completing on `bar`; bool masks only where a tile's keys
+// fill a 128-byte panel (the host stages none elsewhere).
+template <int ROWS, int KEYS>
+__device__ __forceinline__ void stage_mask_tile(const FlashFwdParams& p, unsigned dst, int t, int m0, int h, int b,
+                                                unsigned bar) {
+  const int row = p.mask_query_stride ? m0 : 0;
+  const int head = p.mask_head_stride ? h : 0, batch = p.mask_batch_stride ? b : 0;
+  if (p.mask_kind == MASK_BOOL) {
+    if constexpr (KEYS % 128 == 0) tma_panels<ROWS, KEYS / 128, 128>(dst, p.mask_map, t * KEYS, row, head, batch, bar);
+  } else {
+    tma_panels<ROWS, KEYS / 64>(dst, p.mask_map, t * KEYS, row, head, batch, bar);
+  }
+}
+// general_scores with the mask's bias from a staged tile (the host stages bool, f16 and bf16
+// masks, so there is always one). row: the thread's first row of the block (its second is row + 8).
 template <int ROWS, int N8>
 __device__ __forceinline__ void staged_mask_scores(float* s, const FlashFwdParams& p, const unsigned char* tile,
                                                    int row, int lane) {
   unmasked_scores<N8>(s, p);
-  if (p.mask_kind == MASK_F16)
-    add_staged_mask<__half, ROWS, N8>(s, tile, row, lane);
-  else
-    add_staged_mask<__nv_bfloat16, ROWS, N8>(s, tile, row, lane);
+  const int row0 = p.mask_query_stride ? row : 0, row1 = p.mask_query_stride ? row + 8 : 0;
+  if (p.mask_kind == MASK_BOOL) {
+    if constexpr (N8 % 16 == 0) add_staged_mask<unsigned char, ROWS, N8>(s, tile, row0, row1, lane);
+  } else if (p.mask_kind == MASK_F16) {
+    add_staged_mask<__half, ROWS, N8>(s, tile, row0, row1, lane);
+  } else {
+    add_staged_mask<__nv_bfloat16, ROWS, N8>(s, tile, row0, row1, lane);
+  }
 }
 
 // The producer's copy of a Q, K or V tile: load_full_tile where every row lies before the
@@ -337,8 +369,6 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     if (p.tma) {
       if (threadIdx.x == 0 && tile_begin < tile_end) {
         const int hk = h / (p.heads_q / p.heads_kv), b = st.b();
-        // The mask's head and batch in its map (an axis it broadcasts has length 1 there).
-        const int mask_h = p.mask_head_stride ? h : 0, mask_b = p.mask_batch_stride ? b : 0;
         prefetch_tensor_map(p.k_map);
         prefetch_tensor_map(p.v_map);
         if constexpr (STAGED_MASK) prefetch_tensor_map(p.mask_map);
@@ -348,8 +378,8 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
           const bool refill = t - tile_begin >= STAGES;
           if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
           if constexpr (STAGED_MASK) {  // the mask tile rides on K's barriers: expected before K's arrival
-            mbar_expect_tx(k_full(stage), Tile::MASK_STAGE_BYTES);
-            tma_panels<ROWS, KEYS>(mask_addr(stage), p.mask_map, t * KEYS, m0, mask_h, mask_b, k_full(stage));
+            mbar_expect_tx(k_full(stage), staged_mask_bytes<ROWS, KEYS>(p));
+            stage_mask_tile<ROWS, KEYS>(p, mask_addr(stage), t, m0, h, b, k_full(stage));
           }
           tma_tile<T, KEYS, DQK>(k_addr(stage), p.k_map, t * KEYS, hk, b, k_full(stage));
           if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
@@ -540,7 +570,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 // NAME: the warp-specialized kernel (K/V through strides), the flash_fwd_sm90 table's "ws"
 // variants; GROUPS consumers (NAME has _m192 for three); PINGPONG: with the consumers'
 // ping-pong ("pingpong" variants, NAME ends _pp); GENERAL: the per-element score path (masks,
-// softcap, any scale; NAME has _general); STAGED_MASK: a general kernel's twin for 16-bit masks it
+// softcap, any scale; NAME has _general); STAGED_MASK: a general kernel's twin for the masks it
 // stages in shared memory by TMA (NAME ends _staged_mask; launched with tma 1 and MASK_STAGE_BYTES
 // more shared memory a stage).
 #define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, GROUPS, PINGPONG, GENERAL, STAGED_MASK)     \

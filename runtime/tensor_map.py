@@ -1,11 +1,12 @@
 """Tensor maps (CUtensorMap) for the TMA loads of the sm_90a warp-specialized sdpa kernels.
 
 A dense q, k or v of shape [B, H, S, D] is described to the TMA unit as a 4-D tensor over
-(dim, token, head, batch), innermost first, with byte strides, and a box of one 64-column
-panel (128 bytes of a 16-bit element, the width of the 128-byte swizzle the kernels' shared
+(dim, token, head, batch), innermost first, with byte strides, and a box of one 128-byte
+panel (64 columns of a 16-bit element, the width of the 128-byte swizzle the kernels' shared
 memory uses) by a tile's rows. The kernel copies tile panels through the map
-(cu/flash_fwd_sm90_ws.cuh, tma_tile); rows past S and columns past D arrive as zeros. A 16-bit
-attention mask [B, Hq, Sq, Skv] is mapped the same way, its keys in place of D (a staged mask).
+(cu/flash_fwd_sm90_ws.cuh, tma_tile); rows past S and columns past D arrive as zeros. An
+attention mask [B, Hq, Sq, Skv] (16-bit or bool: 128 columns a panel) is mapped the same way,
+its keys in place of D (a staged mask).
 
 `spec(arr, rows)` says whether an array can be loaded that way (and how), `encode(address,
 spec, ordinal)` returns the map's 128 bytes. A map holds the array's address, so a call
@@ -26,23 +27,24 @@ from .device import get_device
 from .driver import hot
 from .dtypes import bfloat16
 
-__all__ = ["MAP_BYTES", "PANEL", "MapSpec", "MapSlot", "spec", "layout_spec", "encode"]
+__all__ = ["MAP_BYTES", "PANEL_BYTES", "MapSpec", "MapSlot", "spec", "layout_spec", "encode"]
 
 MAP_BYTES = 128  # sizeof(CUtensorMap)
-PANEL = 64  # columns a box covers
+PANEL_BYTES = 128  # a box's row: the width of the kernels' 128-byte swizzle
 _MAX_BOX = 256  # rows a box may cover
 _MAX_STRIDE = 1 << 40  # bytes (cuTensorMapEncodeTiled's bound on a stride)
-# CUtensorMapDataType of each dtype the kernels load by TMA.
-_DATA_TYPE = {np.dtype(np.float16): 6, bfloat16: 9}
+# CUtensorMapDataType of each dtype the kernels load by TMA (bool: a staged mask's bytes).
+_DATA_TYPE = {np.dtype(np.float16): 6, bfloat16: 9, np.dtype(np.bool_): 0}
 
 
 class MapSpec(NamedTuple):
     """Everything of a map but its address: CUtensorMapDataType, dims (D, S, H, B), the byte
-    strides of token, head and batch, and the box's rows."""
+    strides of token, head and batch, the box's rows and its columns (a 128-byte panel)."""
     data_type: int
     dims: tuple[int, int, int, int]
     strides: tuple[int, int, int]
     rows: int
+    cols: int
 
 
 def spec(arr, rows: int) -> MapSpec | None:
@@ -53,7 +55,7 @@ def spec(arr, rows: int) -> MapSpec | None:
 def layout_spec(dtype, ptr: int, shape, element_strides, rows: int) -> MapSpec | None:
     """The map of the [B, H, S, D] elements of `dtype` at `ptr` with those element strides
     (a mask: [B, Hq, Sq, Skv], its keys in a map's D), loaded in boxes of `rows` rows, or None
-    where TMA cannot load it: an empty axis, a dtype other than f16 / bf16, a base off 16
+    where TMA cannot load it: an empty axis, a dtype other than f16 / bf16 / bool, a base off 16
     bytes, a last axis not contiguous, or a token, head or batch stride (of an axis longer than
     1) that is not a positive multiple of 16 bytes below 2^40. An axis of length 1 is never
     stepped, so its stride is replaced by one TMA accepts."""
@@ -74,7 +76,7 @@ def layout_spec(dtype, ptr: int, shape, element_strides, rows: int) -> MapSpec |
             return None
         strides.append(stride)
         span = max(span, stride * n)
-    return MapSpec(data_type, (d, s, h, b), tuple(strides), rows)
+    return MapSpec(data_type, (d, s, h, b), tuple(strides), rows, PANEL_BYTES // itemsize)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -84,7 +86,7 @@ def encode(address: int, map_spec: MapSpec, ordinal: int) -> bytes:
     raises CudaError naming the call)."""
     with on_device(get_device(ordinal)):
         return hot().encode_tensor_map(map_spec.data_type, address, map_spec.dims, map_spec.strides,
-                                       (PANEL, map_spec.rows, 1, 1))
+                                       (map_spec.cols, map_spec.rows, 1, 1))
 
 
 class MapSlot:

@@ -509,47 +509,63 @@ def tma_maps_follow_their_arrays() -> None:
 
 
 def masks_stage_by_tma() -> None:
-    """A general sdpa call whose mask is f16 / bf16 and loadable by TMA runs the staged-mask
-    twin of its warp-specialized kernel: launched with the twin's shared memory (the mask stages
-    included), its mask map over (key, query, head, batch) with a broadcast axis of length 1,
-    rewritten when a prepared call rebinds the mask. Masks TMA cannot load (float32, bool, a
-    broadcast query axis, a query stride off 16 bytes) and calls without q / k / v maps (padded
-    head dims) keep the general kernel."""
+    """A general sdpa call whose mask is f16, bf16 or bool and loadable by TMA runs the
+    staged-mask twin of its warp-specialized kernel: launched with the twin's shared memory (the
+    mask stages included), its mask map over (key, query, head, batch) with a broadcast axis of
+    length 1 (a broadcast query axis: a box of one row), rewritten when a prepared call rebinds
+    the mask. Masks TMA cannot load (float32, a broadcast key axis, a query stride off 16 bytes,
+    bool where a key tile is not 128 bytes of it) and calls without q / k / v maps (padded head
+    dims) keep the general kernel."""
     from ptxattn.ops.attention import staged_mask_twin
     from ptxattn.variants import sm90_ws_pp_tiles
 
     e = ptxattn.empty
     general = sm90_ws_pp_tiles()[128, True]
     twin = staged_mask_twin(general)
-    qkv = {"q": e((2, 8, 300, 128), BF16), "k": e((2, 2, 264, 128), BF16), "v": e((2, 2, 264, 128), BF16)}
+    qkv = {"q": e((2, 8, 300, 128), BF16), "k": e((2, 2, 272, 128), BF16), "v": e((2, 2, 272, 128), BF16)}
 
-    mask = e((2, 1, 300, 264), BF16)
+    def staged(arrays, mask):
+        (launch,) = ptxattn.prepare(ptxattn.sdpa, **arrays, attn_mask=mask, stream=STREAM).launches
+        assert launch.name.endswith("_general_ws_pp_staged_mask"), launch.name
+        return fake.fake_tensor_map(bytes(launch.params.mask_map))
+
+    mask = e((2, 1, 300, 272), BF16)
     step = ptxattn.prepare(ptxattn.sdpa, **qkv, attn_mask=mask, causal=True, stream=STREAM)
     (launch,) = step.launches
     assert launch.name == "flash_fwd_sm90_bf16_d128_general_ws_pp_staged_mask", launch.name
     assert launch.shared == twin.shared_bytes == general.shared_bytes + 2 * 2 * 128 * 128, launch.shared
     got = fake.fake_tensor_map(bytes(launch.params.mask_map))
-    assert got == {"data_type": 9, "address": mask.ptr, "dims": (264, 300, 1, 2),
-                   "strides": (528, 300 * 528, 300 * 528), "box": (64, 128, 1, 1)}, got
+    assert got == {"data_type": 9, "address": mask.ptr, "dims": (272, 300, 1, 2),
+                   "strides": (544, 300 * 544, 300 * 544), "box": (64, 128, 1, 1)}, got
     mask2 = e(mask.shape, BF16)
     step.run(attn_mask=mask2)
     assert fake.fake_tensor_map(bytes(step.launches[0].params.mask_map))["address"] == mask2.ptr
 
     f16 = {n: e(a.shape, np.float16) for n, a in qkv.items()}
-    (launch,) = ptxattn.prepare(ptxattn.sdpa, **f16, attn_mask=e((300, 264), np.float16), stream=STREAM).launches
-    got = fake.fake_tensor_map(bytes(launch.params.mask_map))
-    assert launch.name.endswith("_staged_mask") and got["data_type"] == 6 and got["dims"] == (264, 300, 1, 1), got
+    got = staged(f16, e((300, 272), np.float16))
+    assert got["data_type"] == 6 and got["dims"] == (272, 300, 1, 1), got
+    got = staged(qkv, e((2, 1, 300, 272), np.bool_))
+    assert (got["data_type"], got["strides"][0], got["box"]) == (0, 272, (128, 128, 1, 1)), got
+    keys = e((2, 8, 1, 272), BF16)  # a key mask, one row for every query
+    got = staged(qkv, keys)
+    assert got == {"data_type": 9, "address": keys.ptr, "dims": (272, 1, 8, 2),
+                   "strides": (544, 544, 8 * 544), "box": (64, 1, 1, 1)}, got
 
     odd = {"q": qkv["q"], "k": e((2, 2, 260, 128), BF16), "v": e((2, 2, 260, 128), BF16)}
-    for name, arrays, m in (("float32", qkv, e((2, 1, 300, 264), np.float32)), ("bool", qkv, e((300, 264), np.bool_)),
-                            ("broadcast queries", qkv, e((2, 8, 1, 264), BF16)),
+    odd2 = {"q": qkv["q"], "k": e((2, 2, 264, 128), BF16), "v": e((2, 2, 264, 128), BF16)}
+    d256 = {n: e(a.shape[:3] + (256,), BF16) for n, a in qkv.items()}
+    for name, arrays, m in (("float32", qkv, e((2, 1, 300, 272), np.float32)),
+                            ("broadcast keys", qkv, e((2, 1, 300, 1), BF16)),
                             ("query stride off 16 bytes", odd, e((2, 1, 300, 260), BF16)),
+                            ("bool query stride off 16 bytes", odd2, e((2, 1, 300, 264), np.bool_)),
+                            ("bool in 64-key tiles", d256, e((2, 1, 300, 272), np.bool_)),
                             ("padded head dims", {n: e(a.shape[:3] + (96,), BF16) for n, a in qkv.items()},
-                             e((2, 1, 300, 264), BF16))):
+                             e((2, 1, 300, 272), BF16))):
         (launch,) = ptxattn.prepare(ptxattn.sdpa, **arrays, attn_mask=m, stream=STREAM).launches
         assert "_general_ws" in launch.name and not launch.name.endswith("_staged_mask"), (name, launch.name)
         assert bytes(launch.params.mask_map) == bytes(128), name
-
+    got = staged_mask_twin(sm90_ws_pp_tiles()[64, True])
+    assert got is not None and got.kernel("bf16") == "flash_fwd_sm90_bf16_d64_general_ws_pp_staged_mask"
 
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

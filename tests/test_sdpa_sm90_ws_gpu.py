@@ -97,13 +97,18 @@ CASES = [
     Case(F16, 1, 4, 2, 257, 900, 160, 128, mask="bhqk", mask_dtype=np.dtype(bool)),
     Case(BF16, 1, 4, 4, 1000, 1000, 256, 256, causal=True, softcap=30.0),
     Case(F16, 1, 2, 2, 300, 130, 256, 256, causal=True, scale=-0.05, mask="qk", mask_dtype=F16),
-    # 16-bit masks TMA can load (Skv a multiple of 8, unpadded dims): the staged-mask twins, whose
-    # children (cp_async, plain, and ws at D64 / D128) read the mask from global memory.
+    # Masks TMA can load (16-bit or bool, rows on 16 bytes, unpadded dims): the staged-mask twins,
+    # whose children (cp_async, plain, and ws at D64 / D128) read the mask from global memory.
     Case(BF16, 2, 4, 2, 300, 704, 128, 128, causal=True, mask="bhqk", mask_dtype=BF16),
     Case(F16, 1, 4, 4, 257, 1024, 64, 64, mask="qk", mask_dtype=F16, softcap=5.0, sinks=True),
     Case(BF16, 1, 4, 2, 300, 512, 256, 256, causal=True, align="bottom_right", mask="bhqk", mask_dtype=BF16),
     Case(F16, 1, 8, 8, 2048, 2048, 128, 128, causal=True, mask="qk", mask_dtype=F16),  # the ring wraps
     Case(BF16, 1, 4, 2, 700, 896, 64, 64, window=(100, 20), mask="bhqk", mask_dtype=BF16, scale=0.3),
+    Case(BF16, 2, 4, 2, 300, 704, 128, 128, causal=True, mask="bhqk", mask_dtype=np.dtype(bool), sinks=True),
+    Case(F16, 1, 4, 4, 257, 1024, 64, 64, mask="qk", mask_dtype=np.dtype(bool), softcap=5.0),
+    Case(BF16, 2, 4, 2, 300, 704, 128, 128, mask="b11k", mask_dtype=BF16),        # one row for every query
+    Case(F16, 1, 4, 4, 130, 512, 256, 256, causal=True, mask="1h1k", mask_dtype=F16),
+    Case(BF16, 2, 4, 4, 200, 1024, 64, 64, mask="b11k", mask_dtype=np.dtype(bool), sinks=True),
 ]
 # (dtype, D, lengths of the queries, options): ragged batches (bottom-right per sequence).
 RAGGED = [
@@ -223,15 +228,18 @@ def test_dense_calls_whose_dims_fill_the_tile_load_by_tma(seed, dtype, dqk, dv, 
 
 @pytest.mark.parametrize("dqk, dv, mask, mask_dtype, skv, staged", [
     (128, 128, "bhqk", BF16, 704, True), (64, 64, "qk", F16, 1024, True), (256, 256, "bhqk", BF16, 512, True),
+    (128, 128, "qk", np.dtype(bool), 704, True), (128, 128, "1h1k", BF16, 704, True),
     (128, 128, "bhqk", BF16, 700, False),                 # a query stride off 16 bytes
-    (128, 128, "qk", np.dtype(np.float32), 704, False), (128, 128, "qk", np.dtype(bool), 704, False),
-    (128, 128, "1h1k", BF16, 704, False),                 # the query axis broadcast
+    (128, 128, "qk", np.dtype(bool), 696, False),         # the same for bytes
+    (128, 128, "qk", np.dtype(np.float32), 704, False),
+    (128, 128, "bhq1", BF16, 704, False),                 # the key axis broadcast
+    (256, 256, "qk", np.dtype(bool), 512, False),         # 64-key tiles
     (192, 128, "bhqk", BF16, 704, False),                 # no twin
 ])
-def test_16_bit_masks_tma_can_load_run_the_staged_mask_twins(seed, dqk, dv, mask, mask_dtype, skv, staged):
+def test_masks_tma_can_load_run_the_staged_mask_twins(seed, dqk, dv, mask, mask_dtype, skv, staged):
     """What the children are compared against on the staged cases: this process runs the
-    staged-mask twin (tensor map over the mask) exactly where the mask is f16 / bf16 and TMA can
-    load it, and the general kernel otherwise."""
+    staged-mask twin (tensor map over the mask) exactly where the mask is f16 / bf16 / bool and
+    TMA can load it, and the general kernel otherwise."""
     case = Case(BF16, 2, 4, 2, 300, skv, dqk, dv, mask=mask, mask_dtype=mask_dtype)
     q, k = ptxattn.empty((2, 4, 300, dqk), BF16), ptxattn.empty((2, 2, skv, dqk), BF16)
     v, m = ptxattn.empty((2, 2, skv, dv), BF16), ptxattn.empty(_mask_shape(case), mask_dtype)

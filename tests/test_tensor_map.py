@@ -23,14 +23,15 @@ def array(shape, element_strides=None, dtype=bfloat16, ptr=0x10000):
 
 
 def test_a_dense_array_maps_as_dim_token_head_batch():
-    assert spec(array((2, 8, 300, 128)), 128) == MapSpec(BF16_TYPE, (128, 300, 8, 2), (256, 300 * 256, 8 * 300 * 256), 128)
+    assert spec(array((2, 8, 300, 128)), 128) == MapSpec(BF16_TYPE, (128, 300, 8, 2), (256, 300 * 256, 8 * 300 * 256),
+                                                         128, 64)
     assert spec(array((2, 8, 300, 64), dtype=np.float16), 192).data_type == F16_TYPE
 
 
 def test_a_token_major_layout_keeps_its_strides():
     # [B, S, H, D] storage seen as [B, H, S, D]: token stride H * D, head stride D.
     arr = array((2, 8, 300, 128), (300 * 8 * 128, 128, 8 * 128, 1))
-    assert spec(arr, 128) == MapSpec(BF16_TYPE, (128, 300, 8, 2), (8 * 256, 256, 300 * 8 * 256), 128)
+    assert spec(arr, 128) == MapSpec(BF16_TYPE, (128, 300, 8, 2), (8 * 256, 256, 300 * 8 * 256), 128, 64)
 
 
 def test_axes_of_length_one_get_a_stride_tma_accepts():
@@ -38,6 +39,12 @@ def test_axes_of_length_one_get_a_stride_tma_accepts():
     # gets the packed one, a multiple of 16 bytes.
     got = spec(array((1, 1, 300, 128), (3, 5, 128, 1)), 128)
     assert got is not None and got.strides == (256, 300 * 256, 300 * 256), got
+
+
+def test_a_bool_mask_maps_128_keys_a_box_row():
+    # A staged attention mask [B, 1, Sq, Skv] of bytes: its keys in the map's D.
+    mask = array((2, 1, 300, 512), dtype=np.bool_)
+    assert spec(mask, 128) == MapSpec(0, (512, 300, 1, 2), (512, 300 * 512, 300 * 512), 128, 128)
 
 
 @pytest.mark.parametrize("why, arr, rows", [

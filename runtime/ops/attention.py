@@ -384,17 +384,19 @@ def staged_mask_twin(tile: Sm90Tile | None) -> Sm90Tile | None:
 def staged_mask_map(tile: Sm90Tile | None, maps, mask, full: tuple[int, int, int, int]) -> MapSpec | None:
     """The tensor map through which `tile`'s staged-mask twin would load `mask` (FlashFwdParams
     .mask_map), or None where the general kernel reads the mask from global memory instead: no
-    q / k / v maps (the mask's copies ride on K's), no twin, a mask other than f16 / bf16, one
-    that broadcasts its query or key axis, or one TMA cannot address (tensor_map.layout_spec).
-    `full` is [B, Hq, Sq, Skv]; a broadcast batch or head axis has length 1 in the map (the
-    kernel reads its index 0)."""
-    if maps is None or mask is None or staged_mask_twin(tile) is None:
+    q / k / v maps (the mask's copies ride on K's), no twin, a float32 mask, a bool one where a
+    key tile is not 128 bytes of it, one that broadcasts its key axis, or one TMA cannot address
+    (tensor_map.layout_spec). `full` is [B, Hq, Sq, Skv]; a broadcast batch, head or query axis
+    has length 1 in the map (the kernel reads its index 0; a query-broadcast mask's box is its
+    one row)."""
+    twin = staged_mask_twin(tile)
+    if maps is None or mask is None or twin is None:
         return None
     strides = _mask_strides(mask)
-    if strides[2] == 0 or strides[3] != 1:
+    if strides[3] != 1 or (np.dtype(mask.dtype) == np.bool_ and twin.keys % 128):
         return None
     shape = tuple(n if stride else 1 for n, stride in zip(full, strides))
-    return tensor_map.layout_spec(mask.dtype, mask.ptr, shape, strides, tile.rows)
+    return tensor_map.layout_spec(mask.dtype, mask.ptr, shape, strides, twin.rows if strides[2] else 1)
 
 
 # The parameter struct's bytes up to its TMA fields, native alignment (as ctypes lays it out).
