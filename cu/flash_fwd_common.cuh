@@ -312,6 +312,13 @@ __device__ __forceinline__ int clamp_to_tile(long long key) {
   return static_cast<int>(max(-1LL, min(key, static_cast<long long>(BC))));
 }
 
+// A base-2 score plus one mask element's bias. Additive masks take one fused multiply-add, its
+// rounding pinned (left to the compiler, a staged-mask kernel fused the score's scaling instead
+// and its bits left the general kernels'), so every kernel that adds a mask gives the same bits.
+__device__ __forceinline__ float plus_mask_bias(float s, unsigned char keep) { return s + mask_bias_log2(keep); }
+template <class M>
+__device__ __forceinline__ float plus_mask_bias(float s, M value) { return __fmaf_rn(to_float(value), kLog2e, s); }
+
 // Two consecutive mask elements, loaded as one.
 template <class M> struct MaskPair;
 template <> struct MaskPair<unsigned char> { using type = uchar2; };
@@ -338,15 +345,16 @@ __device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int 
 #pragma unroll
       for (int j = 0; j < N8; ++j) {
         const Pair x = *reinterpret_cast<const Pair*>(m + col0 + 8 * j);
-        s[4 * j + 2 * r] += mask_bias_log2(x.x);
-        s[4 * j + 2 * r + 1] += mask_bias_log2(x.y);
+        s[4 * j + 2 * r] = plus_mask_bias(s[4 * j + 2 * r], x.x);
+        s[4 * j + 2 * r + 1] = plus_mask_bias(s[4 * j + 2 * r + 1], x.y);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < N8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c)
-          s[4 * j + 2 * r + c] += mask_bias_log2(m[min(col0 + 8 * j + c, seq_kv - 1) * p.mask_key_stride]);
+          s[4 * j + 2 * r + c] =
+              plus_mask_bias(s[4 * j + 2 * r + c], m[min(col0 + 8 * j + c, seq_kv - 1) * p.mask_key_stride]);
     }
   }
 }

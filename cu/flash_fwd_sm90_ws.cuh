@@ -264,8 +264,8 @@ __device__ __forceinline__ void add_staged_mask(float* s, const unsigned char* t
       const int offset = col / PANEL_COLS * ROWS * 128 + row * 128 + (chunk_byte ^ ((row & 7) << 4)) +
                          2 * static_cast<int>(sizeof(M)) * (lane & 3);
       const Pair x = *reinterpret_cast<const Pair*>(tile + offset);
-      s[4 * j + 2 * r] += mask_bias_log2(x.x);
-      s[4 * j + 2 * r + 1] += mask_bias_log2(x.y);
+      s[4 * j + 2 * r] = plus_mask_bias(s[4 * j + 2 * r], x.x);
+      s[4 * j + 2 * r + 1] = plus_mask_bias(s[4 * j + 2 * r + 1], x.y);
     }
   }
 }
