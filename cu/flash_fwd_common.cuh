@@ -312,13 +312,6 @@ __device__ __forceinline__ int clamp_to_tile(long long key) {
   return static_cast<int>(max(-1LL, min(key, static_cast<long long>(BC))));
 }
 
-// A base-2 score plus one mask element's bias. Additive masks take one fused multiply-add, its
-// rounding pinned (left to the compiler, a staged-mask kernel fused the score's scaling instead
-// and its bits left the general kernels'), so every kernel that adds a mask gives the same bits.
-__device__ __forceinline__ float plus_mask_bias(float s, unsigned char keep) { return s + mask_bias_log2(keep); }
-template <class M>
-__device__ __forceinline__ float plus_mask_bias(float s, M value) { return __fmaf_rn(to_float(value), kLog2e, s); }
-
 // Two consecutive mask elements, loaded as one.
 template <class M> struct MaskPair;
 template <> struct MaskPair<unsigned char> { using type = uchar2; };
@@ -345,16 +338,15 @@ __device__ __forceinline__ void add_mask(float* s, const FlashFwdParams& p, int 
 #pragma unroll
       for (int j = 0; j < N8; ++j) {
         const Pair x = *reinterpret_cast<const Pair*>(m + col0 + 8 * j);
-        s[4 * j + 2 * r] = plus_mask_bias(s[4 * j + 2 * r], x.x);
-        s[4 * j + 2 * r + 1] = plus_mask_bias(s[4 * j + 2 * r + 1], x.y);
+        s[4 * j + 2 * r] += mask_bias_log2(x.x);
+        s[4 * j + 2 * r + 1] += mask_bias_log2(x.y);
       }
     } else {
 #pragma unroll
       for (int j = 0; j < N8; ++j)
 #pragma unroll
         for (int c = 0; c < 2; ++c)
-          s[4 * j + 2 * r + c] =
-              plus_mask_bias(s[4 * j + 2 * r + c], m[min(col0 + 8 * j + c, seq_kv - 1) * p.mask_key_stride]);
+          s[4 * j + 2 * r + c] += mask_bias_log2(m[min(col0 + 8 * j + c, seq_kv - 1) * p.mask_key_stride]);
     }
   }
 }
@@ -375,10 +367,10 @@ __device__ __forceinline__ float softmax_mul(const FlashFwdParams& p) {
 // softcap(dot * scale) * log2 e plus the mask's bias, as score_log2 makes them but with the
 // branches on the call's options taken once a tile; or, for a softcap call without a mask,
 // tanh(dot * scale / cap) (see softmax_mul). Keys outside the causal/window range or past Skv
-// are left for the caller to cut. unmasked_scores is all of it but the mask's bias (the general
-// ws kernels' staged-mask twins add a mask they staged themselves).
-template <int N8>
-__device__ __forceinline__ void unmasked_scores(float* s, const FlashFwdParams& p) {
+// are left for the caller to cut. scores_then_mask takes the mask's part as `add_mask` (the
+// general ws kernels' staged-mask twins add a mask they staged themselves).
+template <int N8, class AddMask>
+__device__ __forceinline__ void scores_then_mask(float* s, const FlashFwdParams& p, AddMask add_mask) {
   const float scale = p.scale, cap = p.softcap;
   if (cap > 0.f) {
     const float to_tanh = scale / cap;
@@ -392,18 +384,20 @@ __device__ __forceinline__ void unmasked_scores(float* s, const FlashFwdParams& 
 #pragma unroll
     for (int i = 0; i < 4 * N8; ++i) s[i] *= scale * kLog2e;
   }
+  add_mask();
 }
 template <int N8>
 __device__ __forceinline__ void general_scores(float* s, const FlashFwdParams& p, int b, int h, int row0, int seq_q,
                                                int col0, int seq_kv) {
-  unmasked_scores<N8>(s, p);
-  switch (p.mask_kind) {
-    case MASK_BOOL: add_mask<unsigned char, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
-    case MASK_F32: add_mask<float, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
-    case MASK_F16: add_mask<__half, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
-    case MASK_BF16: add_mask<__nv_bfloat16, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
-    default: break;
-  }
+  scores_then_mask<N8>(s, p, [&] {
+    switch (p.mask_kind) {
+      case MASK_BOOL: add_mask<unsigned char, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
+      case MASK_F32: add_mask<float, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
+      case MASK_F16: add_mask<__half, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
+      case MASK_BF16: add_mask<__nv_bfloat16, N8>(s, p, b, h, row0, seq_q, col0, seq_kv); break;
+      default: break;
+    }
+  });
 }
 
 // The visible key range of query rows [row_lo, row_hi], clipped to [0, Skv), as BC tiles.

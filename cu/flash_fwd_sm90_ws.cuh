@@ -245,6 +245,15 @@ __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 
+// A base-2 score plus one staged mask element's bias, in the operations add_mask's `s +=
+// mask_bias_log2(x)` compiles to in the general kernels (bool: + 0 or -inf; additive: one fused
+// multiply-add of the element and log2 e): pinned here, where left to the compiler the twins
+// fused the score's scaling instead and 30 to 9647 outputs of a call came out an ulp off the
+// general kernels' (the ws tests compare the two bit for bit).
+__device__ __forceinline__ float plus_mask_bias(float s, unsigned char keep) { return s + mask_bias_log2(keep); }
+template <class M>
+__device__ __forceinline__ float plus_mask_bias(float s, M value) { return __fmaf_rn(to_float(value), kLog2e, s); }
+
 // Adds a mask tile the producer staged in shared memory (STAGED_MASK) to a thread's scores: rows
 // of KEYS elements of M (bool or 16-bit) in 128-byte panels as tma_panels lays them out, the
 // 128-byte swizzle moving 16-byte chunks by the row's low three bits. The thread's keys are
@@ -294,15 +303,16 @@ __device__ __forceinline__ void stage_mask_tile(const FlashFwdParams& p, unsigne
 template <int ROWS, int N8>
 __device__ __forceinline__ void staged_mask_scores(float* s, const FlashFwdParams& p, const unsigned char* tile,
                                                    int row, int lane) {
-  unmasked_scores<N8>(s, p);
-  const int row0 = p.mask_query_stride ? row : 0, row1 = p.mask_query_stride ? row + 8 : 0;
-  if (p.mask_kind == MASK_BOOL) {
-    if constexpr (N8 % 16 == 0) add_staged_mask<unsigned char, ROWS, N8>(s, tile, row0, row1, lane);
-  } else if (p.mask_kind == MASK_F16) {
-    add_staged_mask<__half, ROWS, N8>(s, tile, row0, row1, lane);
-  } else {
-    add_staged_mask<__nv_bfloat16, ROWS, N8>(s, tile, row0, row1, lane);
-  }
+  scores_then_mask<N8>(s, p, [&] {
+    const int row0 = p.mask_query_stride ? row : 0, row1 = p.mask_query_stride ? row + 8 : 0;
+    if (p.mask_kind == MASK_BOOL) {
+      if constexpr (N8 % 16 == 0) add_staged_mask<unsigned char, ROWS, N8>(s, tile, row0, row1, lane);
+    } else if (p.mask_kind == MASK_F16) {
+      add_staged_mask<__half, ROWS, N8>(s, tile, row0, row1, lane);
+    } else {
+      add_staged_mask<__nv_bfloat16, ROWS, N8>(s, tile, row0, row1, lane);
+    }
+  });
 }
 
 // The producer's copy of a Q, K or V tile: load_full_tile where every row lies before the
