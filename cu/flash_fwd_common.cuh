@@ -63,8 +63,8 @@ struct FlashFwdParams {
   // 64-column panel of a tile's rows, 128-byte swizzle; 0: by cp.async, the maps unused.
   int tma;
   // The staged-mask twins of the general ws kernels (launched with tma 1) also load each key
-  // tile's mask tile through mask_map, over (key, query, head, batch) with the same boxes
-  // (flash_fwd_sm90_ws.cuh); unused by every other kernel.
+  // tile's mask tile through mask_map, over (key, query, head, batch), each box one 128-byte
+  // panel of the tile's rows (flash_fwd_sm90_ws.cuh); unused by every other kernel.
   TensorMap q_map, k_map, v_map, mask_map;
 };
 

@@ -14,8 +14,8 @@ def flash_fwd_sm90(dtype: str, dim: int, dim_v: int, general: bool, *, ws: bool 
                    pingpong: bool = False, staged_mask: bool = False, fp8: bool = False, paged: bool = False) -> str:
     """cu/flash_fwd_sm90.cu's wgmma kernels: flash_fwd_sm90_<dtype>_d<dim>[_<dim_v>][_general], then
     _ws[_m<rows>][_pp][_staged_mask] for a warp-specialized one (rows where a CTA's are not 128, _pp
-    for ping-pong consumers, _staged_mask for a general one's twin that stages 16-bit masks by
-    TMA), _fp8 for fp8 K/V, or _paged for K/V through a block table."""
+    for ping-pong consumers, _staged_mask for a general one's twin that stages masks in shared
+    memory by TMA), _fp8 for fp8 K/V, or _paged for K/V through a block table."""
     stem = f"flash_fwd_sm90_{dtype}_d{dim}" + (f"_{dim_v}" if dim_v != dim else "") + ("_general" if general else "")
     if ws:
         rows = "" if groups == 2 else f"_m{64 * groups}"
