@@ -47,7 +47,7 @@ class Shape:
     dv: int
     causal: bool
     window: int | None = None   # keys left of the diagonal (with causal: a sliding window)
-    mask: bool = False          # an additive bf16 mask [B, 1, S, S]
+    mask: str | None = None     # MASKS' kind: "bf16" (additive [B, 1, S, S]), "bool", "bool key" ([B, 1, 1, S])
     softcap: float = 0.0
 
     @property
@@ -55,7 +55,7 @@ class Shape:
         heads = f"H{self.hq}" if self.hq == self.hkv else f"Hq{self.hq} Hkv{self.hkv}"
         dims = f"D{self.dqk}" if self.dqk == self.dv else f"Dqk{self.dqk} Dv{self.dv}"
         extras = ["causal"] * self.causal + [f"window {self.window}"] * (self.window is not None)
-        extras += ["bf16 mask"] * self.mask + [f"softcap {self.softcap:g}"] * (self.softcap > 0)
+        extras += [f"{self.mask} mask"] * (self.mask is not None) + [f"softcap {self.softcap:g}"] * (self.softcap > 0)
         return " ".join([f"B{self.b} {heads} S{self.s} {dims}", *extras])
 
     @property
@@ -63,6 +63,19 @@ class Shape:
         if self.window is not None:
             return float(np.minimum(np.arange(self.s), self.window).sum() + self.s)
         return self.s * self.s / (2 if self.causal else 1)
+
+    @property
+    def mask_shape(self) -> tuple[int, int, int, int]:
+        """The mask's shape: one row for every query where it masks keys only."""
+        return (self.b, 1, 1 if self.mask.endswith("key") else self.s, self.s)
+
+    def make_mask(self, rng: np.random.Generator):
+        """The row's mask on the device (None without one): bool masks keep 9 keys in 10."""
+        if self.mask is None:
+            return None
+        if self.mask.startswith("bool"):
+            return ptxattn.asarray(rng.random(self.mask_shape) < 0.9, stream())
+        return upload(random_host(rng, self.mask_shape, BF16))
 
     @property
     def options(self) -> dict:
@@ -81,7 +94,9 @@ SHAPES = [
     Shape(2, 16, 16, 8192, 256, 256, True),
     Shape(2, 16, 16, 8192, 192, 128, True),
     Shape(4, 32, 32, 8192, 64, 64, True, window=1024),
-    Shape(2, 16, 16, 4096, 128, 128, False, mask=True),
+    Shape(2, 16, 16, 4096, 128, 128, False, mask="bf16"),
+    Shape(2, 16, 16, 4096, 128, 128, False, mask="bool"),
+    Shape(2, 16, 16, 4096, 128, 128, False, mask="bool key"),
     Shape(2, 16, 16, 4096, 128, 128, True, softcap=50.0),
     Shape(32, 16, 16, 512, 128, 128, True),
     Shape(16, 16, 16, 1024, 128, 128, True),
@@ -96,7 +111,7 @@ def _error_vs_reference(shape: Shape, q, k, v, mask, out) -> float:
     first = shape.s - min(CHECKED_ROWS, shape.s)
     q0 = q[0, 0, first:].get(stream())[None, None]
     k0, v0 = (t[0, 0].get(stream())[None, None] for t in (k, v))
-    m0 = None if mask is None else mask[0, 0, first:].get(stream())[None, None]
+    m0 = None if mask is None else mask[0, 0, first if mask.shape[2] > 1 else 0:].get(stream())[None, None]
     want, _ = reference.sdpa(q0, k0, v0, attn_mask=m0, causal_align="bottom_right", **shape.options)
     return relative_error(out[0, 0, first:].get(stream()), want[0, 0])
 
@@ -152,7 +167,7 @@ def run(args) -> list[dict]:
         dims = (shape.dqk, shape.dqk, shape.dv)
         sets = [tuple(upload(random_host(rng, (b, h, s, d), BF16)) for h, d in zip((hq, hkv, hkv), dims))
                 for _ in range(rotation_count(bytes_per_set))]
-        mask = upload(random_host(rng, (b, 1, s, s), BF16)) if shape.mask else None
+        mask = shape.make_mask(rng)
         out = ptxattn.empty((b, hq, s, shape.dv), BF16)
         flops = 2 * b * hq * (shape.dqk + shape.dv) * shape.visible_pairs  # QK^T and PV
 
