@@ -125,7 +125,7 @@ class Sm90Tile:
     ws: bool = False  # warp-specialized (cu/flash_fwd_sm90_ws.cuh): `groups` consumers and a producer
     stages: int = 2   # K/V stages in shared memory
     pingpong: bool = False  # ws kernels only: the consumers take turns on the tensor cores (named barriers)
-    staged_mask: bool = False  # a general ws kernel's twin that stages 16-bit masks in shared memory by TMA
+    staged_mask: bool = False  # a general ws kernel's twin that stages masks in shared memory by TMA
 
     @property
     def rows(self) -> int:
@@ -258,7 +258,7 @@ def sm90_ws_pp_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
 @functools.cache
 def sm90_staged_mask_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
     """The staged-mask twins of general warp-specialized tiles by (dim, pingpong): ops/attention.py
-    runs one in place of its general tile for calls whose 16-bit mask TMA can load."""
+    runs one in place of its general tile for calls whose mask TMA can load (staged_mask_map)."""
     tiles = _sm90_tiles(fp8=False, ws=True, staged_mask=True) + _sm90_tiles(fp8=False, ws=True, pingpong=True,
                                                                            staged_mask=True)
     return MappingProxyType({(t.dim, t.pingpong): t for t in tiles})

@@ -4,7 +4,8 @@ the float64 reference and, bit for bit (same summation order), against the wgmma
 replaced (PTXATTN_SM90_WS=0), the _ws kernels at every dim (PTXATTN_SM90_PINGPONG=0), the _ws_pp
 kernels at every dim (PTXATTN_SM90_PINGPONG=1) and the default kernels loading by cp.async where this
 process loads by TMA (PTXATTN_SM90_TMA=0): D64, D128, Dqk 192 / Dv 128, D256 and dims
-zero-padded into them, f16 / bf16, causal both alignments, windows, masks, softcap, scale <= 0,
+zero-padded into them, f16 / bf16, causal both alignments, windows, masks (those TMA can load
+run the staged-mask twins here and the general kernels in every child), softcap, scale <= 0,
 GQA, sinks, LSE, odd lengths, rows with no key, ragged batches. Both settings are read once a
 process, so a child process a setting (CHILDREN) runs every case (same seeded inputs) and this
 one, on the default kernels, compares. Only the children run the kernels under test: one that

@@ -374,8 +374,8 @@ def tma_maps(tile: Sm90Tile | None, q, k, v) -> tuple[MapSpec, MapSpec, MapSpec]
 
 
 def staged_mask_twin(tile: Sm90Tile | None) -> Sm90Tile | None:
-    """The twin of a general warp-specialized tile that stages 16-bit masks in shared memory by
-    TMA (cu/flash_fwd_sm90_ws.cuh, STAGED_MASK), or None where it has none."""
+    """The twin of a general warp-specialized tile that stages masks in shared memory by TMA
+    (cu/flash_fwd_sm90_ws.cuh, STAGED_MASK), or None where it has none."""
     if tile is None or not tile.general:
         return None
     return sm90_staged_mask_tiles().get((tile.dim, tile.pingpong))
