@@ -346,9 +346,10 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
                           dims=(dqk, dv), seq_q=sq, seq_kv=skv, mask_kind=mask_kind, mask_strides=mask_strides,
                           diag_offset=c.diag_offset)
     maps = tma_maps(plan.ws_tile, q, k, v)
-    mask_map = staged_mask_map(plan.ws_tile, maps, mask, (batch, hq, sq, skv))
+    twin = staged_mask_twin(plan.ws_tile) if maps is not None and mask is not None else None
+    mask_map = staged_mask_map(twin, mask, (batch, hq, sq, skv))
     if mask_map is not None:
-        plan = ws_plan(staged_mask_twin(plan.ws_tile), dtype)
+        plan = ws_plan(twin, dtype)
     launch = binding.launch(plan.kernel, (-(-sq // plan.rows), hq, batch), (plan.threads, 1, 1), params, plan.shared)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
                         ("attn_mask", "mask"), ("sinks", "sinks")):
@@ -381,16 +382,15 @@ def staged_mask_twin(tile: Sm90Tile | None) -> Sm90Tile | None:
     return sm90_staged_mask_tiles().get((tile.dim, tile.pingpong))
 
 
-def staged_mask_map(tile: Sm90Tile | None, maps, mask, full: tuple[int, int, int, int]) -> MapSpec | None:
-    """The tensor map through which `tile`'s staged-mask twin would load `mask` (FlashFwdParams
+def staged_mask_map(twin: Sm90Tile | None, mask, full: tuple[int, int, int, int]) -> MapSpec | None:
+    """The tensor map through which the staged-mask twin `twin` would load `mask` (FlashFwdParams
     .mask_map), or None where the general kernel reads the mask from global memory instead: no
-    q / k / v maps (the mask's copies ride on K's), no twin, a float32 mask, a bool one where a
-    key tile is not 128 bytes of it, one that broadcasts its key axis, or one TMA cannot address
-    (tensor_map.layout_spec). `full` is [B, Hq, Sq, Skv]; a broadcast batch, head or query axis
-    has length 1 in the map (the kernel reads its index 0; a query-broadcast mask's box is its
-    one row)."""
-    twin = staged_mask_twin(tile)
-    if maps is None or mask is None or twin is None:
+    twin (or no q / k / v maps, on whose K copies the mask's ride: the caller passes None), a
+    float32 mask, a bool one where a key tile is not 128 bytes of it, one that broadcasts its key
+    axis, or one TMA cannot address (tensor_map.layout_spec). `full` is [B, Hq, Sq, Skv]; a
+    broadcast batch, head or query axis has length 1 in the map (the kernel reads its index 0; a
+    query-broadcast mask's box is its one row)."""
+    if twin is None or mask is None:
         return None
     strides = _mask_strides(mask)
     if strides[3] != 1 or (np.dtype(mask.dtype) == np.bool_ and twin.keys % 128):
