@@ -404,15 +404,17 @@ __device__ __forceinline__ void convert_fp8_rows(unsigned dst, float* key_scales
 // inside a row); q_group is the warpgroup's 64 rows of the Q tile, k the K stage. K's step
 // descriptors come from one base (desc_at); Q's stay built a step at a time, since a Q base
 // held across the key loop made the general and D256 kernels spill more (ptxas).
-template <class T, class Tile>
+// KEYS: the tile's first keys to score (all of them but in a ws kernel's narrow last tile),
+// into s's first KEYS / 2 registers (an m64nN accumulator's columns are its first registers').
+template <class T, class Tile, int KEYS = Tile::KEYS>
 __device__ __forceinline__ void issue_qk(float (&s)[Tile::KEYS / 2], unsigned q_group, unsigned k) {
   const unsigned long long k_desc = k_major_desc(k);
   wgmma_fence();
 #pragma unroll
   for (int ks = 0; ks < Tile::DQK / 16; ++ks) {
     const unsigned step = (ks & 3) * 32, half = ks >> 2;
-    wgmma_ss<T>(s, k_major_desc(q_group + half * Tile::Q_HALF + step), desc_at(k_desc, half * Tile::KV_HALF + step),
-                ks > 0);
+    wgmma_ss<T>(*reinterpret_cast<float(*)[KEYS / 2]>(s), k_major_desc(q_group + half * Tile::Q_HALF + step),
+                desc_at(k_desc, half * Tile::KV_HALF + step), ks > 0);
   }
   wgmma_commit();
 }
@@ -501,13 +503,14 @@ __device__ __forceinline__ void pack_p(const float (&s)[KEYS / 2], unsigned (&pa
 // O += P V issued (not waited for); v is the V stage. Every A fragment is packed before the
 // first wgmma, so one fence covers them all. O is one m64n64 or m64n128 accumulator, or (DV =
 // 256) two m64n128 ones side by side, the second over V's halves 2 and 3.
-template <class T, class Tile, int O_REGS>
+// KEYS: the tile's first keys to take (issue_qk's), the rest having P = 0.
+template <class T, class Tile, int KEYS = Tile::KEYS, int O_REGS>
 __device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa)[Tile::KEYS / 16][4], unsigned v) {
   constexpr int kSlab = O_REGS < 64 ? O_REGS : 64;  // accumulators of one wgmma
   const unsigned long long v_desc = mn_major_desc(v, Tile::KV_HALF);
   wgmma_fence();
 #pragma unroll
-  for (int kk = 0; kk < Tile::KEYS / 16; ++kk)
+  for (int kk = 0; kk < KEYS / 16; ++kk)
 #pragma unroll
     for (int n = 0; n < O_REGS / kSlab; ++n)
       wgmma_rs<T>(*reinterpret_cast<float(*)[kSlab]>(o + n * kSlab), pa[kk],

@@ -52,6 +52,10 @@
 //                        issue O += P(t-1) V(t-1); wait S; release K(t); softmax(t) (alpha kept);
 //                        wait O; release V(t-1); O *= alpha; P(t)
 //   O += P(e-1) V(e-1); wait; release V(e-1)
+// In the ping-pong kernels with 128-key tiles (Tile::NARROW_LAST), a warpgroup whose rows see no
+// key of its last tile's second half (the causal diagonal's upper 64 rows, or a sequence's end)
+// scores, softmaxes and multiplies by V only that tile's first 64 keys (unless it is also its
+// first: then only P V narrows). The keys left out would weigh exactly 0: same bits.
 // ptxas moves "wait O" above the softmax (P(t)'s packing then starts beside the exponentials),
 // so the softmax overlaps only the other consumers' wgmmas. With Tile::SOFTMAX_BESIDE_OWN_PV
 // (Dv 256) it overlaps the warpgroup's own P V too: wait_after_softmax keeps "wait O" after
@@ -140,6 +144,12 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   // took S8192 D256 from 690 to 758 TFLOP/s, but cost the D128 and D64 rows 1-8 % and did
   // nothing for 192 / 128 (flash_fwd_notes v29).
   static constexpr bool SOFTMAX_BESIDE_OWN_PV = DV_ == 256;
+  // Whether a plain kernel's consumer takes its last tile's first half alone where its rows see
+  // no key of the second (the causal diagonal's upper rows; see the key loop): the ping-pong
+  // kernels' (WsPingPongTile) with 128-key tiles, where a half is a whole m64n64 wgmma and four
+  // k16 steps of P V. In the D64 and 192 / 128 kernels without ping-pong ptxas then serialized
+  // the wgmmas (C7511: too few registers for their pipeline).
+  static constexpr bool NARROW_LAST = false;
   // Named barriers (0 is __syncthreads'): consumer g's ping-pong turns (WsPingPongTile) are
   // PP_BAR0 + g - 1, its epilogue's (store_rows_staged) STORE_BAR0 + g - 1.
   static constexpr int PP_BAR0 = 1, STORE_BAR0 = PP_BAR0 + 3;
@@ -154,6 +164,7 @@ struct WsPingPongTile : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_> {
   // 192- and 256-wide producers spill at 40 registers (48 B at 192 / 128, in the copy loop).
   static constexpr int PRODUCER_REGS = DQK_ > 128 ? 56 : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_>::PRODUCER_REGS;
   static constexpr int CONSUMER_REGS = DQK_ > 128 ? 224 : WsTile<DQK_, DV_, KEYS_, STAGES_, GROUPS_>::CONSUMER_REGS;
+  static constexpr bool NARROW_LAST = KEYS_ == 128;
   static_assert(128 * PRODUCER_REGS + 128 * GROUPS_ * CONSUMER_REGS <= 65536, "the CTA's registers");
 };
 template <int DQK, int DV, int KEYS, int STAGES, int GROUPS, bool PINGPONG>
@@ -163,6 +174,12 @@ struct WsTileFor {
 template <int DQK, int DV, int KEYS, int STAGES, int GROUPS>
 struct WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, true> {
   using type = WsPingPongTile<DQK, DV, KEYS, STAGES, GROUPS>;
+};
+
+// A count of keys as a type: the key loop's steps are generic lambdas over a tile's width.
+template <int N>
+struct Width {
+  static constexpr int value = N;
 };
 
 // ---- mbarrier and setmaxnreg wrappers ---------------------------------------------------
@@ -511,28 +528,55 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     }
     if (my_begin < my_end) {
       const unsigned q_group = q_addr + (role - 1) * 64 * 128;  // this warpgroup's rows of each half
-      mbar_wait(q_full, 0);
       float s[KEYS / 2], alpha[2];
       unsigned pa[KEYS / 16][4];
-      wait_k(my_begin);
-      turn_wait(my_begin);
-      issue_qk<T, Tile>(s, q_group, k_addr(stage_of(my_begin)));
-      turn_arrive(my_begin);
-      wgmma_wait<0>();
-      fence_registers(s);
-      release_k_before_scores(my_begin);
-      make_scores(s, my_begin);
-      release_k_after_scores(my_begin);
-      online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);  // O is 0: no rescale
-      pack_p<T, KEYS>(s, pa);
-      for (int t = my_begin + 1; t < my_end; ++t) {
+      // A narrow last tile (NARROW_LAST kernels): where none of this warpgroup's rows sees a key
+      // of its last tile's second half (the causal diagonal's upper 64 rows, or a sequence's
+      // end, cut them all), S, the softmax and P V take the first KEYS / 2 keys only. The keys
+      // left out would score -inf and weigh exactly 0, so the sums and bits are the same.
+      const bool narrow = Tile::NARROW_LAST && !GENERAL &&
+                          min(last_visible_key(st.window(p), min(group_row0 + 63, st.seq_q() - 1)),
+                              static_cast<long long>(st.seq_kv()) - 1) < (my_end - 1) * KEYS + KEYS / 2;
+      // The scores of tile t's first W keys (s's first W / 2 registers) and their P.
+      auto softmax_and_pack = [&](auto width, int t) {
+        constexpr int W = decltype(width)::value;
+        auto& sw = *reinterpret_cast<float(*)[W / 2]>(s);
+        if constexpr (W == KEYS) {
+          release_k_before_scores(t);
+          make_scores(s, t);
+          release_k_after_scores(t);
+        } else {  // a plain kernel: the cut is all of make_scores
+          release_k(t);
+          cut_keys<W>(sw, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
+        }
+        online_softmax<W, O_REGS, false, Tile::LAZY_RESCALE>(sw, o, row_max, row_sum, mul, alpha);
+      };
+      auto pack = [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        pack_p<T, W>(*reinterpret_cast<float(*)[W / 2]>(s), *reinterpret_cast<unsigned(*)[W / 16][4]>(pa));
+      };
+      auto first_tile = [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        static_assert(W == KEYS, "the first tile is scored in full");
+        wait_k(my_begin);
+        turn_wait(my_begin);
+        issue_qk<T, Tile, W>(s, q_group, k_addr(stage_of(my_begin)));
+        turn_arrive(my_begin);
+        wgmma_wait<0>();
+        fence_registers(s);
+        softmax_and_pack(width, my_begin);  // O is 0: no rescale
+        pack(width);
+      };
+      // Tile t (> my_begin) of width W, whose previous tile was a full one.
+      auto next_tile = [&](auto width, int t) {
+        constexpr int W = decltype(width)::value;
         if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) {
           wait_k_and_previous_v(t);
         } else {
           wait_k(t);
         }
         turn_wait(t);
-        issue_qk<T, Tile>(s, q_group, k_addr(stage_of(t)));
+        issue_qk<T, Tile, W>(s, q_group, k_addr(stage_of(t)));
         fence_registers(s);
         if constexpr (!Tile::SOFTMAX_BESIDE_OWN_PV) wait_v(t - 1);
         issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
@@ -540,25 +584,41 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         turn_arrive(t);
         wgmma_wait<1>();  // S(t) done; O's P V may still run
         fence_registers(s);
-        release_k_before_scores(t);
-        make_scores(s, t);
-        release_k_after_scores(t);
-        online_softmax<KEYS, O_REGS, false, Tile::LAZY_RESCALE>(s, o, row_max, row_sum, mul, alpha);
+        softmax_and_pack(width, t);
         if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) wait_after_softmax(row_sum[0]);
         wgmma_wait<0>();
         fence_registers(o);
         release_v(t - 1);
         // O *= 1 changes nothing: with a lagging max a warp skips it when no row's max moved.
         if (!Tile::LAZY_RESCALE || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o(o, alpha);
-        pack_p<T, KEYS>(s, pa);
+        pack(width);
+      };
+      auto last_pv = [&](auto width) {
+        constexpr int W = decltype(width)::value;
+        wait_v(my_end - 1);
+        turn_wait(my_end);
+        issue_pv<T, Tile, W>(o, pa, v_addr(stage_of(my_end - 1)));
+        turn_arrive(my_end);
+        wgmma_wait<0>();
+        fence_registers(o);
+        release_v(my_end - 1);
+      };
+      constexpr Width<KEYS> full{};
+      constexpr Width<KEYS / 2> half{};
+      mbar_wait(q_full, 0);
+      const int full_end = narrow ? my_end - 1 : my_end;  // the tiles scored in full end here
+      first_tile(full);  // full even when narrow: a narrow first tile beside the narrow step serialized
+                         // the wgmmas (ptxas C7511, too few registers for their pipeline)
+      for (int t = my_begin + 1; t < full_end; ++t) next_tile(full, t);
+      if constexpr (Tile::NARROW_LAST && !GENERAL) {
+        if (narrow && my_begin < full_end) next_tile(half, my_end - 1);
+        if (narrow)
+          last_pv(half);
+        else
+          last_pv(full);
+      } else {
+        last_pv(full);
       }
-      wait_v(my_end - 1);
-      turn_wait(my_end);
-      issue_pv<T, Tile>(o, pa, v_addr(stage_of(my_end - 1)));
-      turn_arrive(my_end);
-      wgmma_wait<0>();
-      fence_registers(o);
-      release_v(my_end - 1);
     } else if constexpr (Tile::PINGPONG) {
       if (tile_begin < tile_end) empty_turn(my_end);  // turn tile_end: the head loop passed every tile
     }
