@@ -555,17 +555,20 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         constexpr int W = decltype(width)::value;
         pack_p<T, W>(*reinterpret_cast<float(*)[W / 2]>(s), *reinterpret_cast<unsigned(*)[W / 16][4]>(pa));
       };
-      auto first_tile = [&](auto width) {
-        constexpr int W = decltype(width)::value;
-        static_assert(W == KEYS, "the first tile is scored in full");
+      constexpr Width<KEYS> full{};
+      constexpr Width<KEYS / 2> half{};
+      // The first tile is scored in full even where it is a narrow last one (then only its P V
+      // narrows): a narrow first tile beside the narrow step had ptxas serialize the wgmmas
+      // (C7511, too few registers for their pipeline).
+      auto first_tile = [&] {
         wait_k(my_begin);
         turn_wait(my_begin);
-        issue_qk<T, Tile, W>(s, q_group, k_addr(stage_of(my_begin)));
+        issue_qk<T, Tile>(s, q_group, k_addr(stage_of(my_begin)));
         turn_arrive(my_begin);
         wgmma_wait<0>();
         fence_registers(s);
-        softmax_and_pack(width, my_begin);  // O is 0: no rescale
-        pack(width);
+        softmax_and_pack(full, my_begin);  // O is 0: no rescale
+        pack(full);
       };
       // Tile t (> my_begin) of width W, whose previous tile was a full one.
       auto next_tile = [&](auto width, int t) {
@@ -603,12 +606,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         fence_registers(o);
         release_v(my_end - 1);
       };
-      constexpr Width<KEYS> full{};
-      constexpr Width<KEYS / 2> half{};
       mbar_wait(q_full, 0);
       const int full_end = narrow ? my_end - 1 : my_end;  // the tiles scored in full end here
-      first_tile(full);  // full even when narrow: a narrow first tile beside the narrow step serialized
-                         // the wgmmas (ptxas C7511, too few registers for their pipeline)
+      first_tile();
       for (int t = my_begin + 1; t < full_end; ++t) next_tile(full, t);
       if constexpr (Tile::NARROW_LAST && !GENERAL) {
         if (narrow && my_begin < full_end) next_tile(half, my_end - 1);
