@@ -537,8 +537,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       const bool narrow = Tile::NARROW_LAST && !GENERAL &&
                           min(last_visible_key(st.window(p), min(group_row0 + 63, st.seq_q() - 1)),
                               static_cast<long long>(st.seq_kv()) - 1) < (my_end - 1) * KEYS + KEYS / 2;
-      // The scores of tile t's first W keys (s's first W / 2 registers) and their P.
-      auto softmax_and_pack = [&](auto width, int t) {
+      // Tile t's scores over its first W keys (s's first W / 2 registers), made (mask, cut) and
+      // softmaxed into P (unrounded); pack rounds them into P V's A fragments.
+      auto scores_and_softmax = [&](auto width, int t) {
         constexpr int W = decltype(width)::value;
         auto& sw = *reinterpret_cast<float(*)[W / 2]>(s);
         if constexpr (W == KEYS) {
@@ -567,7 +568,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         turn_arrive(my_begin);
         wgmma_wait<0>();
         fence_registers(s);
-        softmax_and_pack(full, my_begin);  // O is 0: no rescale
+        scores_and_softmax(full, my_begin);  // O is 0: no rescale
         pack(full);
       };
       // Tile t (> my_begin) of width W, whose previous tile was a full one.
@@ -587,7 +588,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         turn_arrive(t);
         wgmma_wait<1>();  // S(t) done; O's P V may still run
         fence_registers(s);
-        softmax_and_pack(width, t);
+        scores_and_softmax(width, t);
         if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) wait_after_softmax(row_sum[0]);
         wgmma_wait<0>();
         fence_registers(o);
