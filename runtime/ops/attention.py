@@ -347,7 +347,7 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
                           diag_offset=c.diag_offset)
     maps = tma_maps(plan.ws_tile, q, k, v)
     twin = staged_mask_twin(plan.ws_tile) if maps is not None and mask is not None else None
-    mask_map = staged_mask_map(twin, mask, (batch, hq, sq, skv))
+    mask_map = staged_mask_map(twin, mask, mask_strides, (batch, hq, sq, skv))
     if mask_map is not None:
         plan = ws_plan(twin, dtype)
     launch = binding.launch(plan.kernel, (-(-sq // plan.rows), hq, batch), (plan.threads, 1, 1), params, plan.shared)
@@ -382,17 +382,18 @@ def staged_mask_twin(tile: Sm90Tile | None) -> Sm90Tile | None:
     return sm90_staged_mask_tiles().get((tile.dim, tile.pingpong))
 
 
-def staged_mask_map(twin: Sm90Tile | None, mask, full: tuple[int, int, int, int]) -> MapSpec | None:
+def staged_mask_map(twin: Sm90Tile | None, mask, strides: tuple[int, int, int, int],
+                    full: tuple[int, int, int, int]) -> MapSpec | None:
     """The tensor map through which the staged-mask twin `twin` would load `mask` (FlashFwdParams
     .mask_map), or None where the general kernel reads the mask from global memory instead: no
-    twin (or no q / k / v maps, on whose K copies the mask's ride: the caller passes None), a
-    float32 mask, a bool one where a key tile is not 128 bytes of it, one that broadcasts its key
-    axis, or one TMA cannot address (tensor_map.layout_spec). `full` is [B, Hq, Sq, Skv]; a
-    broadcast batch, head or query axis has length 1 in the map (the kernel reads its index 0; a
-    query-broadcast mask's box is its one row)."""
-    if twin is None or mask is None:
+    twin (no mask, or no q / k / v maps, on whose K copies the mask's ride: the caller passes
+    None), a float32 mask, a bool one where a key tile is not 128 bytes of it, one that
+    broadcasts its key axis, or one TMA cannot address (tensor_map.layout_spec). `strides` are
+    the mask's element strides over `full`, [B, Hq, Sq, Skv] (_mask_strides: 0 on a broadcast
+    axis); a broadcast batch, head or query axis has length 1 in the map (the kernel reads its
+    index 0; a query-broadcast mask's box is its one row)."""
+    if twin is None:
         return None
-    strides = _mask_strides(mask)
     if strides[3] != 1 or (np.dtype(mask.dtype) == np.bool_ and twin.keys % 128):
         return None
     shape = tuple(n if stride else 1 for n, stride in zip(full, strides))
