@@ -534,7 +534,8 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       // of its last tile's second half (the causal diagonal's upper 64 rows, or a sequence's
       // end, cut them all), S, the softmax and P V take the first KEYS / 2 keys only. The keys
       // left out would score -inf and weigh exactly 0, so the sums and bits are the same.
-      const bool narrow = Tile::NARROW_LAST && !GENERAL &&
+      constexpr bool NARROWS = Tile::NARROW_LAST && !GENERAL;  // this kernel has the narrow steps
+      const bool narrow = NARROWS &&
                           min(last_visible_key(st.window(p), min(group_row0 + 63, st.seq_q() - 1)),
                               static_cast<long long>(st.seq_kv()) - 1) < (my_end - 1) * KEYS + KEYS / 2;
       // Tile t's scores over its first W keys (s's first W / 2 registers), made (mask, cut) and
@@ -611,7 +612,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       const int full_end = narrow ? my_end - 1 : my_end;  // the tiles scored in full end here
       first_tile();
       for (int t = my_begin + 1; t < full_end; ++t) next_tile(full, t);
-      if constexpr (Tile::NARROW_LAST && !GENERAL) {
+      if constexpr (NARROWS) {
         if (narrow && my_begin < full_end) next_tile(half, my_end - 1);
         if (narrow)
           last_pv(half);
