@@ -366,6 +366,32 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   auto v_full = [&](int s) { return q_full + 8 * (1 + STAGES + s); };
   auto k_empty = [&](int s) { return q_full + 8 * (1 + 2 * STAGES + s); };
   auto v_empty = [&](int s) { return q_full + 8 * (1 + 3 * STAGES + s); };
+  const int h = blockIdx.y;
+  // TMA (p.tma): one thread's loads of key tiles [first, last) of the block at row m0 of batch b
+  // whose range starts at tile `begin`, and of Q with the first; each refill waits for its
+  // stage's release. Tile t goes to stage (t - begin) % STAGES, its use (t - begin) / STAGES.
+  auto tma_tiles = [&](int m0, int b, int begin, int first, int last) {
+    const int hk = h / (p.heads_q / p.heads_kv);
+    if (first == begin) {
+      prefetch_tensor_map(p.k_map);
+      prefetch_tensor_map(p.v_map);
+      if constexpr (STAGED_MASK) prefetch_tensor_map(p.mask_map);
+      tma_tile<T, ROWS, DQK>(q_addr, p.q_map, m0, h, b, q_full);
+    }
+    for (int t = first; t < last; ++t) {
+      const int stage = (t - begin) % STAGES;
+      const unsigned parity = static_cast<unsigned>((t - begin) / STAGES) & 1u;
+      const bool refill = t - begin >= STAGES;
+      if (refill) mbar_wait(k_empty(stage), parity ^ 1u);
+      if constexpr (STAGED_MASK) {  // the mask tile rides on K's barriers: expected before K's arrival
+        mbar_expect_tx(k_full(stage), staged_mask_bytes<ROWS, KEYS>(p));
+        stage_mask_tile<ROWS, KEYS>(p, mask_addr(stage), t, m0, h, b, k_full(stage));
+      }
+      tma_tile<T, KEYS, DQK>(k_addr(stage), p.k_map, t * KEYS, hk, b, k_full(stage));
+      if (refill) mbar_wait(v_empty(stage), parity ^ 1u);
+      tma_tile<T, KEYS, DV>(v_addr(stage), p.v_map, t * KEYS, hk, b, v_full(stage));
+    }
+  };
   if (threadIdx.x == 32) {  // warp 1, while warp 0 finds the block's rows
     const unsigned fillers = p.tma ? 1 : 128;  // the producer threads that arrive on a full barrier
     mbar_init(q_full, fillers);
@@ -377,11 +403,23 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       mbar_init(v_empty(s), 4 * Tile::CONSUMERS);
     }
     mbar_fence_init();
+    if (Tile::CONSUMERS == 2 && p.tma) {
+      // Q and the ring's first tiles are on their way before the block's __syncthreads (a short
+      // block's start is its Q and first K waited for): a dense call's rows come from blockIdx
+      // alone (tma implies dense), and barriers this thread initialized take its copies once the
+      // inits are ordered before the async proxy's updates.
+      fence_proxy_async();
+      SeqTile t;
+      find_tile<ROWS>(p, t);
+      int begin, end;
+      key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
+                           min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
+      if (begin < end) tma_tiles(t.m0, t.b, begin, begin, min(end, begin + STAGES));
+    }
   }
   if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;  // its __syncthreads publishes the barriers
   const TileRef st{tile_info};
   const int m0 = st.m0();
-  const int h = blockIdx.y;
 
   int tile_begin, tile_end;
   key_tile_range<KEYS>(st.seq_kv(), st.window(p), m0, min(m0 + ROWS, st.seq_q()) - 1, tile_begin, tile_end);
@@ -394,25 +432,8 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     // ---- producer ----
     setmaxnreg_dec<Tile::PRODUCER_REGS>();
     if (p.tma) {
-      if (threadIdx.x == 0 && tile_begin < tile_end) {
-        const int hk = h / (p.heads_q / p.heads_kv), b = st.b();
-        prefetch_tensor_map(p.k_map);
-        prefetch_tensor_map(p.v_map);
-        if constexpr (STAGED_MASK) prefetch_tensor_map(p.mask_map);
-        tma_tile<T, ROWS, DQK>(q_addr, p.q_map, m0, h, b, q_full);
-        for (int t = tile_begin; t < tile_end; ++t) {
-          const int stage = stage_of(t);
-          const bool refill = t - tile_begin >= STAGES;
-          if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
-          if constexpr (STAGED_MASK) {  // the mask tile rides on K's barriers: expected before K's arrival
-            mbar_expect_tx(k_full(stage), staged_mask_bytes<ROWS, KEYS>(p));
-            stage_mask_tile<ROWS, KEYS>(p, mask_addr(stage), t, m0, h, b, k_full(stage));
-          }
-          tma_tile<T, KEYS, DQK>(k_addr(stage), p.k_map, t * KEYS, hk, b, k_full(stage));
-          if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
-          tma_tile<T, KEYS, DV>(v_addr(stage), p.v_map, t * KEYS, hk, b, v_full(stage));
-        }
-      }
+      constexpr int EARLY = Tile::CONSUMERS == 2 ? STAGES : 0;  // the tiles warp 1 issued
+      if (threadIdx.x == 0 && tile_begin + EARLY < tile_end) tma_tiles(m0, st.b(), tile_begin, tile_begin + EARLY, tile_end);
     } else if (tile_begin < tile_end) {
       const int hk = h / (p.heads_q / p.heads_kv);
       const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
