@@ -301,16 +301,19 @@ template <int ROWS, int KEYS>
 __device__ __forceinline__ unsigned staged_mask_bytes(const FlashFwdParams& p) {
   return (p.mask_query_stride ? ROWS : 1) * KEYS * (p.mask_kind == MASK_BOOL ? 1 : 2);
 }
+// Bool masks are staged only where a key tile's keys fill 128-byte panels of them; the host
+// (staged_mask_map) stages none at other tile widths, so there neither side has a bool path.
+template <int KEYS>
+__device__ constexpr bool stages_bool_mask() { return KEYS % 128 == 0; }
 // The producer's copies of key tile t's mask tile (the block's rows from m0, or the one row of a
-// query-broadcast mask) into a stage, completing on `bar`; bool masks only where a tile's keys
-// fill a 128-byte panel (the host stages none elsewhere).
+// query-broadcast mask) into a stage, completing on `bar`.
 template <int ROWS, int KEYS>
 __device__ __forceinline__ void stage_mask_tile(const FlashFwdParams& p, unsigned dst, int t, int m0, int h, int b,
                                                 unsigned bar) {
   const int row = p.mask_query_stride ? m0 : 0;
   const int head = p.mask_head_stride ? h : 0, batch = p.mask_batch_stride ? b : 0;
   if (p.mask_kind == MASK_BOOL) {
-    if constexpr (KEYS % 128 == 0) tma_panels<ROWS, KEYS / 128, 128>(dst, p.mask_map, t * KEYS, row, head, batch, bar);
+    if constexpr (stages_bool_mask<KEYS>()) tma_panels<ROWS, KEYS / 128, 128>(dst, p.mask_map, t * KEYS, row, head, batch, bar);
   } else {
     tma_panels<ROWS, KEYS / 64>(dst, p.mask_map, t * KEYS, row, head, batch, bar);
   }
@@ -323,7 +326,7 @@ __device__ __forceinline__ void staged_mask_scores(float* s, const FlashFwdParam
   scores_then_mask<N8>(s, p, [&] {
     const int row0 = p.mask_query_stride ? row : 0, row1 = p.mask_query_stride ? row + 8 : 0;
     if (p.mask_kind == MASK_BOOL) {
-      if constexpr (N8 % 16 == 0) add_staged_mask<unsigned char, ROWS, N8>(s, tile, row0, row1, lane);
+      if constexpr (stages_bool_mask<8 * N8>()) add_staged_mask<unsigned char, ROWS, N8>(s, tile, row0, row1, lane);
     } else if (p.mask_kind == MASK_F16) {
       add_staged_mask<__half, ROWS, N8>(s, tile, row0, row1, lane);
     } else {
