@@ -372,7 +372,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   const int h = blockIdx.y;
   // TMA (p.tma): one thread's loads of key tiles [first, last) of the block at row m0 of batch b
   // whose range starts at tile `begin`, and of Q with the first; each refill waits for its
-  // stage's release. Tile t goes to stage (t - begin) % STAGES, its use (t - begin) / STAGES.
+  // stage's release. Tile t goes to stage (t - begin) % STAGES, its use (t - begin) / STAGES:
+  // stage_of / parity_of's arithmetic below, with `begin` a parameter because warp 1 calls this
+  // before tile_begin exists.
   auto tma_tiles = [&](int m0, int b, int begin, int first, int last) {
     const int hk = h / (p.heads_q / p.heads_kv);
     if (first == begin) {
