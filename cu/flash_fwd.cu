@@ -5,8 +5,8 @@
 //   Serving batches (ops/ragged.py): packed q [Nq, Hq, Dqk] / o / lse by cu_seqlens_q, keys
 //   packed by cu_seqlens_k or paged through a block table (flash_fwd_common.cuh).
 //
-// Grid: x = query block (reversed when heavy_first; a serving batch's tiles), y = query
-// head, z = batch.
+// Grid: x = query block (a serving batch's tiles), y = query head, z = batch; a dense grid with
+// heavy_first is laid out otherwise (find_tile).
 // f16/bf16: the tensor-core kernel of flash_fwd_tc.cuh (mma.sync m16n8k16, fp32 accumulate);
 // flash_fwd_fp8.cu instantiates it for fp8 K/V. f32: a SIMT kernel with the same semantics in
 // exact fp32.
@@ -52,7 +52,7 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
   if (!resolve_tile<F32_WARPS>(p, tile_info, tile_found)) return;
   const SeqTile st = tile_info;  // the SIMT kernel has registers to spare
   const int m0 = st.m0, seq_q = st.seq_q, seq_kv = st.seq_kv;
-  const int h = blockIdx.y, b = st.b;
+  const int h = st.h, b = st.b;
   const int hk = h / (p.heads_q / p.heads_kv);
   const int row = m0 + warp;
   const KeyWindow win{st.diag_offset, p.window_left, p.window_right};

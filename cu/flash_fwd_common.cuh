@@ -49,7 +49,8 @@ struct FlashFwdParams {
   int diag_offset, window_left, window_right;
   float scale, softcap;
   int vector_io;    // host checked: q/k/v/o bases 16-byte aligned, batch/head/seq strides x8
-  int heavy_first;  // visit query blocks last-first (causal: late blocks see more keys)
+  int heavy_first;  // query blocks last-first (causal: late blocks see more keys); dense grids are
+                    // then laid out in runs of (batch, head) pairs (dense_tile)
   // Serving batches: grid x enumerates the query tiles of every sequence in order.
   int num_seqs;         // B
   int tokens_q, tokens_k;  // rows of packed q and of packed k / v: offsets past them fault
@@ -75,6 +76,8 @@ struct SeqTile {
   int b, m0, seq_q, seq_kv;
   long long q_tok0, k_tok0;
   int diag_offset;
+  int h;  // last: the fields before it keep their offsets (a new first field made ptxas serialize
+          // d192 / 128 ws_pp's wgmmas, C7511)
 };
 
 // A serving batch's sequence b, checked: its query and key ranges and how many tiles of BR
@@ -103,18 +106,31 @@ __device__ __forceinline__ Sequence sequence_at(const FlashFwdParams& p, int b, 
   return {n >= p.min_queries && n > 0 ? (n + BR - 1) / BR : 0, q0, n, k0, k1 - k0};
 }
 
+// The rows of a dense grid's block: grid (query blocks, Hq, B), or with heavy_first (heads of
+// a run, query blocks, runs) over the B x Hq (batch, head) pairs. Blocks start in launch order
+// (x, then y, then z), so the latter's go heaviest first across a run's pairs: light blocks are
+// left to fill the SMs at the run's end, and the run's K / V, sized by the host to the L2, is
+// what the running blocks share.
+template <int BR>
+__device__ __forceinline__ void dense_tile(const FlashFwdParams& p, SeqTile& t) {
+  t.seq_q = p.seq_q, t.seq_kv = p.seq_kv, t.q_tok0 = 0, t.k_tok0 = 0, t.diag_offset = p.diag_offset;
+  if (!p.heavy_first) {
+    t.b = blockIdx.z, t.h = blockIdx.y, t.m0 = blockIdx.x * BR;
+    return;
+  }
+  const int head = blockIdx.z * gridDim.x + blockIdx.x;
+  t.b = head / p.heads_q, t.h = head - t.b * p.heads_q, t.m0 = (gridDim.y - 1 - blockIdx.y) * BR;
+}
+
 // Which rows this block serves, as warp 0 finds them; false when none (a spare block of a
-// serving grid). Dense: grid (query blocks, Hq, B). Serving: grid (tile budget, Hq, 1); block x
+// serving grid). Dense: dense_tile. Serving: grid (tile budget, Hq, 1); block x
 // is the x-th tile counting sequence by sequence (each sequence's heaviest tile first when
 // heavy_first), found by a warp-wide scan of the offsets 32 sequences at a time. Warp 0 of
 // block (0, 0) scans every sequence and reports bad ones to the fault buffer.
 template <int BR>
 __device__ __forceinline__ bool find_tile(const FlashFwdParams& p, SeqTile& t) {
   if (p.cu_seqlens_q == nullptr) {
-    const int num_blocks = (p.seq_q + BR - 1) / BR;
-    t.b = blockIdx.z;
-    t.m0 = (p.heavy_first ? num_blocks - 1 - int(blockIdx.x) : int(blockIdx.x)) * BR;
-    t.seq_q = p.seq_q, t.seq_kv = p.seq_kv, t.q_tok0 = 0, t.k_tok0 = 0, t.diag_offset = p.diag_offset;
+    dense_tile<BR>(p, t);
     return true;
   }
   const int lane = threadIdx.x & 31;
@@ -134,7 +150,7 @@ __device__ __forceinline__ bool find_tile(const FlashFwdParams& p, SeqTile& t) {
       const int src = __ffs(__ballot_sync(0xffffffffu, want < before + upto)) - 1;
       const int tiles = __shfl_sync(0xffffffffu, mine.tiles, src);
       const int tile = want - (before + __shfl_sync(0xffffffffu, upto, src) - tiles);
-      t.b = b0 + src;
+      t.b = b0 + src, t.h = blockIdx.y;
       t.m0 = (p.heavy_first ? tiles - 1 - tile : tile) * BR;
       t.q_tok0 = __shfl_sync(0xffffffffu, mine.q0, src);
       t.seq_q = __shfl_sync(0xffffffffu, mine.seq_q, src);
@@ -158,6 +174,7 @@ __device__ __forceinline__ T fresh(const T& x) { return *static_cast<const volat
 struct TileRef {
   const SeqTile& t;
   __device__ __forceinline__ int b() const { return fresh(t.b); }
+  __device__ __forceinline__ int h() const { return fresh(t.h); }
   __device__ __forceinline__ int m0() const { return fresh(t.m0); }
   __device__ __forceinline__ int seq_q() const { return fresh(t.seq_q); }
   __device__ __forceinline__ int seq_kv() const { return fresh(t.seq_kv); }

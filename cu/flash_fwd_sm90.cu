@@ -626,8 +626,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   __shared__ float staged_scales[2][FP8 ? KEYS : 1];
   if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;
   const TileRef st{tile_info};
-  const int m0 = st.m0();
-  const int h = blockIdx.y;
+  const int m0 = st.m0(), h = st.h();
   const int hk = h / (p.heads_q / p.heads_kv);
 
   int tile_begin, tile_end;

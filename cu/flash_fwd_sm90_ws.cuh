@@ -369,13 +369,12 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   auto v_full = [&](int s) { return q_full + 8 * (1 + STAGES + s); };
   auto k_empty = [&](int s) { return q_full + 8 * (1 + 2 * STAGES + s); };
   auto v_empty = [&](int s) { return q_full + 8 * (1 + 3 * STAGES + s); };
-  const int h = blockIdx.y;
-  // TMA (p.tma): one thread's loads of key tiles [first, last) of the block at row m0 of batch b
-  // whose range starts at tile `begin`, and of Q with the first; each refill waits for its
-  // stage's release. Tile t goes to stage (t - begin) % STAGES, its use (t - begin) / STAGES:
+  // TMA (p.tma): one thread's loads of key tiles [first, last) of the block at row m0 of head h
+  // of batch b whose range starts at tile `begin`, and of Q with the first; each refill waits
+  // for its stage's release. Tile t goes to stage (t - begin) % STAGES, its use (t - begin) / STAGES:
   // stage_of / parity_of's arithmetic below, with `begin` a parameter because warp 1 calls this
   // before tile_begin exists.
-  auto tma_tiles = [&](int m0, int b, int begin, int first, int last) {
+  auto tma_tiles = [&](int m0, int h, int b, int begin, int first, int last) {
     const int hk = h / (p.heads_q / p.heads_kv);
     if (first == begin) {
       prefetch_tensor_map(p.k_map);
@@ -411,15 +410,15 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     if (Tile::CONSUMERS == 2 && p.tma) {
       // Q and the ring's first tiles are on their way before the block's __syncthreads (a short
       // block's start is its Q and first K waited for): a dense call's rows come from blockIdx
-      // alone (tma implies dense), and barriers this thread initialized take its copies once the
-      // inits are ordered before the async proxy's updates.
+      // and the parameters alone (tma implies dense), and barriers this thread initialized take
+      // its copies once the inits are ordered before the async proxy's updates.
       fence_proxy_async();
       SeqTile t;
-      find_tile<ROWS>(p, t);
+      dense_tile<ROWS>(p, t);
       int begin, end;
       key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
                            min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
-      if (begin < end) tma_tiles(t.m0, t.b, begin, begin, min(end, begin + STAGES));
+      if (begin < end) tma_tiles(t.m0, t.h, t.b, begin, begin, min(end, begin + STAGES));
     }
   }
   if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;  // its __syncthreads publishes the barriers
@@ -436,9 +435,10 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   if (role == 0) {
     // ---- producer ----
     setmaxnreg_dec<Tile::PRODUCER_REGS>();
+    const int h = st.h();
     if (p.tma) {
       constexpr int EARLY = Tile::CONSUMERS == 2 ? STAGES : 0;  // the tiles warp 1 issued
-      if (threadIdx.x == 0 && tile_begin + EARLY < tile_end) tma_tiles(m0, st.b(), tile_begin, tile_begin + EARLY, tile_end);
+      if (threadIdx.x == 0 && tile_begin + EARLY < tile_end) tma_tiles(m0, h, st.b(), tile_begin, tile_begin + EARLY, tile_end);
     } else if (tile_begin < tile_end) {
       const int hk = h / (p.heads_q / p.heads_kv);
       const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
@@ -479,7 +479,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       if constexpr (STAGED_MASK)
         staged_mask_scores<ROWS, KEYS / 8>(s, p, smem + (mask_addr(stage_of(t)) - smem_u32(smem)), my_row - m0, lane);
       else if constexpr (GENERAL)
-        general_scores<KEYS / 8>(s, p, st.b(), h, my_row, st.seq_q(), t * KEYS + 2 * (lane & 3), st.seq_kv());
+        general_scores<KEYS / 8>(s, p, st.b(), st.h(), my_row, st.seq_q(), t * KEYS + 2 * (lane & 3), st.seq_kv());
       cut_keys<KEYS>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
     };
 
@@ -657,7 +657,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 
     // A consumer with no tile of its own never waited for Q, whose copies land in its rows too.
     if (my_begin >= my_end && tile_begin < tile_end) mbar_wait(q_full, 0);
-    store_rows_staged<T, Tile>(p, st, h, o, row_max, row_sum, q_addr + (role - 1) * 64 * 128, group_row0, my_row,
+    store_rows_staged<T, Tile>(p, st, st.h(), o, row_max, row_sum, q_addr + (role - 1) * 64 * 128, group_row0, my_row,
                                lane, Tile::STORE_BAR0 + role - 1);
   }
 }

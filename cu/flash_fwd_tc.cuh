@@ -135,8 +135,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
   // fp8: each stage's keys' K and V scales.
   __shared__ __align__(16) float key_scales[STAGES][2][FP8 ? BC : 1];
   const TileRef st{tile_info};
-  const int m0 = st.m0();
-  const int h = blockIdx.y;
+  const int m0 = st.m0(), h = st.h();
   const int hk = h / (p.heads_q / p.heads_kv);
   const int rows = min(BR, st.seq_q() - m0);
   const bool vector_io = p.vector_io != 0;

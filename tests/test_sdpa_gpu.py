@@ -312,6 +312,39 @@ def _assert_launched_once(launched: list[int], kernel: str, device) -> None:
     assert launched.count(wanted) == 1, f"sdpa launched {launched}, not {kernel} ({wanted})"
 
 
+@pytest.mark.parametrize("dtype, options", [
+    (BF16, {}),                   # the ws kernels on sm_90a (TMA, early issue), mma.sync elsewhere
+    (BF16, {"softcap": 30.0}),    # the general kernels
+    (F16, {"window": (40, 0)}),
+    (F32, {}),                    # the SIMT kernel
+])
+def test_heavy_first_runs_cover_every_block(dtype, options, rng, monkeypatch):
+    """A causal dense grid is laid out in runs of (batch, head) pairs (heavy_first_grid): with
+    every run length that divides B x Hq, each block finds its own rows (NaN-poisoned output,
+    the float64 reference) and the bits do not change."""
+    from ptxattn.driver import cu
+    from ptxattn.ops import prepared
+
+    case = Case(dtype, 2, 6, 2, 300, 300, 128, 128, causal=True, **options)
+    inputs = _inputs(case, rng)
+    grids = []
+    launch = cu.cuLaunchKernel
+    monkeypatch.setattr(cu, "cuLaunchKernel", lambda f, gx, gy, gz, *rest: grids.append((gx, gy, gz)) or
+                        launch(f, gx, gy, gz, *rest))
+    results = []
+    for run in (1, 2, 3, 4, 6, 12):
+        monkeypatch.setattr(attention, "heavy_run_pairs", lambda *args, run=run: run)
+        prepared.clear_bindings()
+        grids.clear()
+        o, lse, _ = _run_device(case, rng, inputs)
+        assert [g for g in grids if g[0] == run and g[2] == 12 // run], f"no launch on runs of {run}: {grids}"
+        _check(case, o, lse, *inputs)
+        results.append((o, lse))
+    for o, lse in results[1:]:
+        assert np.array_equal(o, results[0][0], equal_nan=True) and np.array_equal(lse, results[0][1])
+    prepared.clear_bindings()
+
+
 @pytest.mark.parametrize("dtype, d, options, kernel", [
     # The warp-specialized kernels (the wgmma ones they replaced, named here, run under
     # PTXATTN_SM90_WS=0).

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -350,7 +351,11 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
     mask_map = staged_mask_map(twin, mask, mask_strides, (batch, hq, sq, skv))
     if mask_map is not None:
         plan = ws_plan(twin, dtype)
-    launch = binding.launch(plan.kernel, (-(-sq // plan.rows), hq, batch), (plan.threads, 1, 1), params, plan.shared)
+    blocks = -(-sq // plan.rows)
+    heavy = heavy_first_grid(binding.device, blocks, batch, (hq, hkv), skv, (dqk, dv), dtype.itemsize)
+    params.heavy_first = int(params.heavy_first and heavy is not None)  # else light blocks first, same bits
+    grid = heavy if params.heavy_first else (blocks, hq, batch)
+    launch = binding.launch(plan.kernel, grid, (plan.threads, 1, 1), params, plan.shared)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
                         ("attn_mask", "mask"), ("sinks", "sinks")):
         if a[name] is not None or name == "out" or (name == "out_lse" and c.with_lse):
@@ -361,6 +366,41 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
             binding.point_map(name, launch, f"{name}_map", map_spec)
     if mask_map is not None:
         binding.point_map("attn_mask", launch, "mask_map", mask_map)
+
+
+# A heavy-first dense grid's runs hold as many (batch, head) pairs as keep their K / V within
+# HEAVY_RUN_L2_SHARE of the L2, where a head has at least MIN_RUN_BLOCKS query blocks; with
+# fewer, a head's blocks run side by side on the same K / V tiles, which short sequences need
+# (runs of one pair). cu/flash_fwd_notes.md v38.
+HEAVY_RUN_L2_SHARE = 0.5
+MIN_RUN_BLOCKS = 16
+
+
+def heavy_run_pairs(l2_bytes: int, blocks: int, pairs: int, kv_bytes_per_pair: float) -> int:
+    """How many of a heavy-first dense grid's `pairs` (batch, head) pairs a run holds: a divisor
+    of `pairs`, the largest whose K / V fit HEAVY_RUN_L2_SHARE of `l2_bytes` where a head has
+    MIN_RUN_BLOCKS query blocks or more, else 1; or, where that leaves more runs than grid z
+    takes, the smallest divisor that does not."""
+    small = [n for n in range(1, math.isqrt(pairs) + 1) if pairs % n == 0]
+    divisors = sorted(set(small + [pairs // n for n in small]))
+    fitting = int(l2_bytes * HEAVY_RUN_L2_SHARE / max(kv_bytes_per_pair, 1)) if blocks >= MIN_RUN_BLOCKS else 1
+    run = max(n for n in divisors if n <= max(fitting, 1))
+    return run if pairs // run <= MAX_GRID_YZ else min(n for n in divisors if pairs // n <= MAX_GRID_YZ)
+
+
+def heavy_first_grid(device, blocks: int, batch: int, heads: tuple[int, int], seq_kv: int,
+                     dims: tuple[int, int], itemsize: int) -> tuple[int, int, int] | None:
+    """The grid of a dense call of `blocks` query blocks a head whose later blocks are heavier
+    (causal): (pairs of a run, blocks, runs) over the B x Hq (batch, head) pairs (dense_tile in
+    cu/flash_fwd_common.cuh), runs of heavy_run_pairs. Blocks start in launch order, so each
+    run's go heaviest first across its pairs and light ones fill the SMs at its end. None past
+    grid y's limit (more than MAX_GRID_YZ query blocks a head)."""
+    hq, hkv = heads
+    if blocks > MAX_GRID_YZ:
+        return None
+    pairs = batch * hq
+    run = heavy_run_pairs(device.l2_bytes, blocks, pairs, seq_kv * sum(dims) * itemsize * hkv / hq)
+    return run, blocks, pairs // run
 
 
 def tma_maps(tile: Sm90Tile | None, q, k, v) -> tuple[MapSpec, MapSpec, MapSpec] | None:
