@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
-"""Times builds of one PTX file against each other on the GPU machine, in one call: each
-variant's text is put in place of the shipped ptx/<arch>/<family>.ptx in turn, `rounds` times
+"""Times builds of one PTX file (or versions of the checkout's files) against each other on the
+GPU machine, in one call: each variant's text is put in place of the shipped
+ptx/<arch>/<family>.ptx (or its files in place of the checkout's) in turn, `rounds` times
 over (alternating, so drift shows as spread rather than as a difference), bench.py runs the
 chosen suite and rows on it in a fresh process, and a table gives each row's metric per
 variant and round beside a reference column of the same runs (cuDNN's, by default). The
-shipped file is put back afterwards, whatever happened.
+shipped files are put back afterwards, whatever happened.
 
     python scripts/ab_ptx.py --rows 'S512|S1024' main=/tmp/main.ptx.gz cand=ptx/sm_90a/flash_fwd_sm90.ptx
 
 A variant is NAME=PATH, PATH a PTX file or a gzip of one (read before anything is swapped, so
-the shipped file itself can be a variant). Each run's bench.py output lands in --out.
+the shipped file itself can be a variant), or a tar archive (.tar, .tar.gz, .tgz) of files by
+their paths in the repository, every one of which stands in for the checkout's file during the
+variant's runs (files it lacks stay as they are): a runtime change timed with its PTX, e.g.
+
+    git archive -o /tmp/main.tar main ptx runtime
+    python scripts/ab_ptx.py main=/tmp/main.tar cand=/tmp/cand.tar
+
+(an editable install runs the checkout's files). Each run's bench.py output lands in --out.
 """
 from __future__ import annotations
 
@@ -20,36 +28,59 @@ import json
 import signal
 import subprocess
 import sys
+import tarfile
 from importlib import resources
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().with_name("bench.py")
+REPO = BENCH.parent.parent
+TREES = (".tar", ".tar.gz", ".tgz")
 
 
-def read_variant(spec: str) -> tuple[str, bytes]:
-    """NAME=PATH -> (NAME, the PTX bytes), gunzipped where PATH ends in .gz."""
+def read_variant(spec: str, target: Path, root: Path = REPO) -> tuple[str, dict[Path, bytes]]:
+    """NAME=PATH -> (NAME, the files it puts in place: path -> bytes): a PTX file (gunzipped
+    where PATH ends in .gz) for `target`, or a tar archive's regular files by their paths under
+    `root`."""
     name, sep, path = spec.partition("=")
     if not sep or not name or not path:
         raise SystemExit(f"ab_ptx: a variant is NAME=PATH, got {spec!r}")
-    data = Path(path).read_bytes()
-    return name, gzip.decompress(data) if path.endswith(".gz") else data
+    if not path.endswith(TREES):
+        data = Path(path).read_bytes()
+        return name, {target: gzip.decompress(data) if path.endswith(".gz") else data}
+    files = {}
+    with tarfile.open(path) as tar:
+        for member in tar.getmembers():
+            if member.isfile():
+                if member.name.startswith("/") or ".." in Path(member.name).parts:
+                    raise SystemExit(f"ab_ptx: {path} holds {member.name!r}, a path outside the repository")
+                files[root / member.name] = tar.extractfile(member).read()
+    if not files:
+        raise SystemExit(f"ab_ptx: {path} holds no files")
+    return name, files
 
 
 def exit_on_sigterm() -> None:
     """SIGTERM (an outer `timeout`) leaves through SystemExit, so `swapped` still puts the
-    shipped file back (and subprocess.run kills the bench it waits for)."""
+    shipped files back (and subprocess.run kills the bench it waits for)."""
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 @contextlib.contextmanager
-def swapped(target: Path, data: bytes):
-    """`target` holds `data` inside; its own bytes are back on the way out."""
-    shipped = target.read_bytes()
+def swapped(files: dict[Path, bytes]):
+    """Each path holds its bytes inside; on the way out the ones that existed hold their own
+    bytes again and the others are gone."""
+    shipped = {path: path.read_bytes() if path.exists() else None for path in files}
     try:
-        target.write_bytes(data)
+        for path, data in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
         yield
     finally:
-        target.write_bytes(shipped)
+        for path, data in shipped.items():
+            if data is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(data)
 
 
 def summarize(runs: list[tuple[str, list[dict]]], metric: str, beside: str) -> list[str]:
@@ -83,12 +114,12 @@ def main() -> int:
     parser.add_argument("--run-timeout", type=float, help="seconds a bench.py run may take")
     args = parser.parse_args()
     exit_on_sigterm()
-    variants = [read_variant(spec) for spec in args.variants]
+    target = Path(str(resources.files("ptxattn.ptx") / args.arch / f"{args.family}.ptx"))
+    variants = [read_variant(spec, target) for spec in args.variants]
     names = [name for name, _ in variants]
     if len(set(names)) != len(names):
         raise SystemExit(f"ab_ptx: variant names must differ, got {names}")
     args.out.mkdir(parents=True, exist_ok=True)
-    target = Path(str(resources.files("ptxattn.ptx") / args.arch / f"{args.family}.ptx"))
     runs, failure = [], None
     for round_, (name, data) in ((r, v) for r in range(1, args.rounds + 1) for v in variants):
         out = args.out / f"{name}{round_}"
@@ -96,7 +127,7 @@ def main() -> int:
         command += [] if args.full else ["--quick"]
         command += ["--rows", args.rows] if args.rows else []
         try:
-            with swapped(target, data):
+            with swapped(data):
                 done = subprocess.run(command, capture_output=True, text=True, timeout=args.run_timeout)
         except subprocess.TimeoutExpired:
             failure = f"{name}, round {round_}: bench.py ran past {args.run_timeout} s"

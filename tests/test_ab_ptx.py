@@ -1,15 +1,18 @@
-"""scripts/ab_ptx.py without a GPU: its swap puts the shipped PTX back when the run inside fails
-or a SIGTERM (an outer timeout) ends it, a failed bench run stops it with exit status 1, and a
+"""scripts/ab_ptx.py without a GPU: its swap puts the shipped files back (and removes the ones it
+added) when the run inside fails or a SIGTERM (an outer timeout) ends it, a tar variant stands
+in for files by their repository paths, a failed bench run stops it with exit status 1, and a
 whole run over the host suite (the fake driver) gives a line a row with every variant's rounds,
 leaving the shipped file as it was."""
 from __future__ import annotations
 
 import gzip
+import io
 import signal
 import json
 import re
 import subprocess
 import sys
+import tarfile
 from importlib import resources
 from pathlib import Path
 
@@ -22,22 +25,42 @@ import ab_ptx  # noqa: E402
 
 
 def test_swap_puts_the_shipped_bytes_back(tmp_path):
-    target = tmp_path / "f.ptx"
+    target, added = tmp_path / "f.ptx", tmp_path / "new" / "g.py"
     target.write_bytes(b"shipped")
     with pytest.raises(RuntimeError):
-        with ab_ptx.swapped(target, b"candidate"):
-            assert target.read_bytes() == b"candidate"
+        with ab_ptx.swapped({target: b"candidate", added: b"added"}):
+            assert target.read_bytes() == b"candidate" and added.read_bytes() == b"added"
             raise RuntimeError("the bench failed")
-    assert target.read_bytes() == b"shipped"
+    assert target.read_bytes() == b"shipped" and not added.exists()
 
 
 def test_variants_read_plain_and_gzipped(tmp_path):
+    target = tmp_path / "shipped.ptx"
     (tmp_path / "a.ptx").write_bytes(b"text")
     (tmp_path / "b.ptx.gz").write_bytes(gzip.compress(b"text"))
-    assert ab_ptx.read_variant(f"a={tmp_path / 'a.ptx'}") == ("a", b"text")
-    assert ab_ptx.read_variant(f"b={tmp_path / 'b.ptx.gz'}") == ("b", b"text")
+    assert ab_ptx.read_variant(f"a={tmp_path / 'a.ptx'}", target) == ("a", {target: b"text"})
+    assert ab_ptx.read_variant(f"b={tmp_path / 'b.ptx.gz'}", target) == ("b", {target: b"text"})
     with pytest.raises(SystemExit):
-        ab_ptx.read_variant(str(tmp_path / "a.ptx"))
+        ab_ptx.read_variant(str(tmp_path / "a.ptx"), target)
+
+
+def _tar(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz" if path.name.endswith(".gz") else "w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_tar_variant_stands_in_for_files_by_their_repository_paths(tmp_path):
+    root = tmp_path / "repo"
+    archive = _tar(tmp_path / "main.tar.gz", {"ptx/sm_90a/f.ptx": b"ptx", "runtime/ops/attention.py": b"py"})
+    name, files = ab_ptx.read_variant(f"main={archive}", tmp_path / "unused.ptx", root)
+    assert name == "main" and files == {root / "ptx/sm_90a/f.ptx": b"ptx", root / "runtime/ops/attention.py": b"py"}
+    for bad in ({"../outside.py": b"x"}, {"/abs.py": b"x"}, {}):
+        with pytest.raises(SystemExit):
+            ab_ptx.read_variant(f"bad={_tar(tmp_path / 'bad.tar', bad)}", tmp_path / "unused.ptx", root)
 
 
 def test_summary_lists_each_variants_rounds_beside_the_reference():
@@ -48,13 +71,14 @@ def test_summary_lists_each_variants_rounds_beside_the_reference():
 
 
 def test_a_whole_run_on_the_host_suite(tmp_path):
-    # Both variants hold the shipped bytes, so a run cut short leaves the package as it was.
+    # Both variants hold the shipped bytes (b as a tar of the file by its repository path), so a
+    # run cut short leaves the package as it was.
     shipped = Path(str(resources.files("ptxattn.ptx") / "sm_80" / "softmax.ptx"))
     before = shipped.read_bytes()
-    (tmp_path / "same.ptx.gz").write_bytes(gzip.compress(before))
+    _tar(tmp_path / "same.tar", {"ptx/sm_80/softmax.ptx": before})
     done = subprocess.run([sys.executable, str(SCRIPTS / "ab_ptx.py"), "--suite", "host", "--family", "softmax",
                            "--arch", "sm_80", "--metric", "eager_us", "--beside", "prepared_us",
-                           "--out", str(tmp_path / "out"), f"a={shipped}", f"b={tmp_path / 'same.ptx.gz'}"],
+                           "--out", str(tmp_path / "out"), f"a={shipped}", f"b={tmp_path / 'same.tar'}"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     shapes = [row["shape"] for row in json.loads((tmp_path / "out" / "b2" / "bench.json").read_text())["host"]]
@@ -71,7 +95,7 @@ def test_sigterm_inside_a_swap_puts_the_shipped_bytes_back(tmp_path):
     target.write_bytes(b"shipped")
     code = (f"import os, signal, sys, time; sys.path.insert(0, {str(SCRIPTS)!r}); import ab_ptx; "
             f"ab_ptx.exit_on_sigterm(); from pathlib import Path\n"
-            f"with ab_ptx.swapped(Path({str(target)!r}), b'candidate'):\n"
+            f"with ab_ptx.swapped({{Path({str(target)!r}): b'candidate'}}):\n"
             f"    os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
