@@ -352,9 +352,10 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
     if mask_map is not None:
         plan = ws_plan(twin, dtype)
     blocks = -(-sq // plan.rows)
-    heavy = heavy_first_grid(binding.device, blocks, batch, (hq, hkv), skv, (dqk, dv), dtype.itemsize)
-    params.heavy_first = int(params.heavy_first and heavy is not None)  # else light blocks first, same bits
-    grid = heavy if params.heavy_first else (blocks, hq, batch)
+    heavy = (heavy_first_grid(binding.device, blocks, batch, (hq, hkv), skv, (dqk, dv), dtype.itemsize)
+             if params.heavy_first else None)
+    params.heavy_first = int(heavy is not None)  # else light blocks first, same bits
+    grid = heavy or (blocks, hq, batch)
     launch = binding.launch(plan.kernel, grid, (plan.threads, 1, 1), params, plan.shared)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
                         ("attn_mask", "mask"), ("sinks", "sinks")):
