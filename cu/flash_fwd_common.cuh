@@ -63,6 +63,9 @@ struct FlashFwdParams {
   // and v tiles by TMA through these maps over (dim, token, head, batch), each box one
   // 64-column panel of a tile's rows, 128-byte swizzle; 0: by cp.async, the maps unused.
   int tma;
+  // The persistent twins (flash_fwd_sm90_ws.cuh, launched with fewer CTAs than blocks): the grid
+  // the non-persistent kernel would run, whose blocks the CTAs share out (dense_tile's layout).
+  int virtual_grid_x, virtual_grid_y, virtual_grid_z;
   // The staged-mask twins of the general ws kernels (launched with tma 1) also load each key
   // tile's mask tile through mask_map, over (key, query, head, batch), each box one 128-byte
   // panel of the tile's rows (flash_fwd_sm90_ws.cuh); unused by every other kernel.
@@ -120,6 +123,21 @@ __device__ __forceinline__ void dense_tile(const FlashFwdParams& p, SeqTile& t) 
   }
   const int head = blockIdx.z * gridDim.x + blockIdx.x;
   t.b = head / p.heads_q, t.h = head - t.b * p.heads_q, t.m0 = (gridDim.y - 1 - blockIdx.y) * BR;
+}
+// dense_tile's rows for a persistent twin's virtual block `block` (p.virtual_grid's blocks in
+// launch order) in place of blockIdx / gridDim. Apart from dense_tile, whose every kernel's
+// PTX moved (ctaid reads hoisted) when it called a shared body.
+template <int BR>
+__device__ __forceinline__ void virtual_tile(const FlashFwdParams& p, SeqTile& t, int block) {
+  const int gx = p.virtual_grid_x, gy = p.virtual_grid_y;
+  const int x = block % gx, y = block / gx % gy, z = block / (gx * gy);
+  t.seq_q = p.seq_q, t.seq_kv = p.seq_kv, t.q_tok0 = 0, t.k_tok0 = 0, t.diag_offset = p.diag_offset;
+  if (!p.heavy_first) {
+    t.b = z, t.h = y, t.m0 = x * BR;
+    return;
+  }
+  const int head = z * gx + x;
+  t.b = head / p.heads_q, t.h = head - t.b * p.heads_q, t.m0 = (gy - 1 - y) * BR;
 }
 
 // Which rows this block serves, as warp 0 finds them; false when none (a spare block of a

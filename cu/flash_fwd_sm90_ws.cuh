@@ -346,46 +346,77 @@ __device__ __forceinline__ void produce_tile(unsigned dst, const T* g, long long
     load_tile<T, ROWS, D, 128, UNROLL>(dst, g, row_stride, rows_valid, cols);
 }
 
-template <class T, class Tile, bool GENERAL, bool STAGED_MASK>
+// Where a block's key tile t sits in the K/V ring: the CTA's tiles go round the STAGES stages in
+// the order it loads them, so tile t of a block whose range starts at tile `begin` is the CTA's
+// (before + t - begin)-th, `before` the tiles of the blocks it ran earlier (a persistent twin's;
+// else 0). A stage's n-th use waits for its release from use n - 1 (refill) and completes its
+// barriers' phase of parity n & 1.
+template <int STAGES>
+struct KeyRing {
+  int begin, before;
+  __device__ __forceinline__ int index(int t) const { return t - begin + before; }
+  __device__ __forceinline__ int stage(int t) const { return index(t) % STAGES; }
+  __device__ __forceinline__ unsigned parity(int t) const { return static_cast<unsigned>(index(t) / STAGES) & 1u; }
+  __device__ __forceinline__ bool refill(int t) const { return index(t) >= STAGES; }
+};
+
+// The virtual block a persistent twin's CTA runs as its i-th (dealt out in a snake: CTA c takes
+// block c of the first gridDim.x, block gridDim.x - 1 - c of the next, ...; a causal grid's
+// blocks come heaviest first within each (batch, head) pair, so the snake gives each CTA light
+// blocks after heavy ones), and how many there are (p.virtual_grid: the grid the non-persistent
+// kernel would be launched on, dense_tile's layout).
+__device__ __forceinline__ int persistent_block(int i) {
+  return i * static_cast<int>(gridDim.x) + (i & 1 ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x));
+}
+__device__ __forceinline__ int virtual_blocks(const FlashFwdParams& p) {
+  return p.virtual_grid_x * p.virtual_grid_y * p.virtual_grid_z;
+}
+
+template <class T, class Tile, bool GENERAL, bool STAGED_MASK, bool PERSISTENT>
 __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   constexpr int DQK = Tile::DQK, DV = Tile::DV, ROWS = Tile::ROWS, KEYS = Tile::KEYS, STAGES = Tile::STAGES;
   constexpr int O_REGS = DV / 2;
+  constexpr int Q_BUFS = PERSISTENT ? 2 : 1;  // a persistent twin loads the next block's Q beside this one's tiles
   static_assert(GENERAL || !STAGED_MASK, "only general kernels take masks");
   static_assert(!STAGED_MASK || Tile::SHARED + STAGES * Tile::MASK_STAGE_BYTES <= 227 * 1024 - 1024,
                 "the mask stages fit beside Q, K and V");
+  static_assert(!PERSISTENT || (Tile::PINGPONG && !GENERAL && Tile::CONSUMERS == 2),
+                "persistent twins: plain ping-pong kernels of two consumers");
+  static_assert(Tile::SHARED + (Q_BUFS - 1) * Tile::Q_BYTES <= 227 * 1024 - 1024, "the second Q tile fits");
   const unsigned base = (smem_u32(smem) + 1023) & ~1023u;
-  const unsigned q_addr = base;
-  auto k_addr = [&](int stage) { return base + Tile::Q_BYTES + stage * (Tile::K_BYTES + Tile::V_BYTES); };
+  auto q_addr = [&](int buf) { return base + buf * Tile::Q_BYTES; };
+  auto k_addr = [&](int stage) { return base + Q_BUFS * Tile::Q_BYTES + stage * (Tile::K_BYTES + Tile::V_BYTES); };
   auto v_addr = [&](int stage) { return k_addr(stage) + Tile::K_BYTES; };
   // Stage s's mask tile, after the ring (STAGED_MASK: the host launched with room for them).
   auto mask_addr = [&](int stage) { return k_addr(STAGES) + stage * Tile::MASK_STAGE_BYTES; };
 
-  __shared__ SeqTile tile_info;
+  __shared__ SeqTile tile_info[Q_BUFS];  // the block whose Q is in Q tile buf
   __shared__ int tile_found;
-  // Q full, then K full, V full, K empty, V empty: STAGES each.
-  __shared__ __align__(8) unsigned long long bars[1 + 4 * STAGES];
-  const unsigned q_full = smem_u32(bars);
-  auto k_full = [&](int s) { return q_full + 8 * (1 + s); };
-  auto v_full = [&](int s) { return q_full + 8 * (1 + STAGES + s); };
-  auto k_empty = [&](int s) { return q_full + 8 * (1 + 2 * STAGES + s); };
-  auto v_empty = [&](int s) { return q_full + 8 * (1 + 3 * STAGES + s); };
+  // Q full, then K full, V full, K empty, V empty: STAGES each; then (persistent twins) Q tile 1's
+  // full barrier and both Q tiles' empty ones.
+  __shared__ __align__(8) unsigned long long bars[1 + 4 * STAGES + 3 * (Q_BUFS - 1)];
+  const unsigned bar0 = smem_u32(bars);
+  auto q_full = [&](int buf) { return bar0 + 8 * (buf ? 1 + 4 * STAGES : 0); };
+  auto k_full = [&](int s) { return bar0 + 8 * (1 + s); };
+  auto v_full = [&](int s) { return bar0 + 8 * (1 + STAGES + s); };
+  auto k_empty = [&](int s) { return bar0 + 8 * (1 + 2 * STAGES + s); };
+  auto v_empty = [&](int s) { return bar0 + 8 * (1 + 3 * STAGES + s); };
+  auto q_empty = [&](int buf) { return bar0 + 8 * (2 + 4 * STAGES + buf); };
   // TMA (p.tma): one thread's loads of key tiles [first, last) of the block at row m0 of head h
-  // of batch b whose range starts at tile `begin`, and of Q with the first; each refill waits
-  // for its stage's release. Tile t goes to stage (t - begin) % STAGES, its use (t - begin) / STAGES:
-  // stage_of / parity_of's arithmetic below, with `begin` a parameter because warp 1 calls this
-  // before tile_begin exists.
-  auto tma_tiles = [&](int m0, int h, int b, int begin, int first, int last) {
+  // of batch b, into the ring as `ring` places them, each refill waiting for its stage's release;
+  // with first_q, the CTA's first Q before them (into Q tile 0, the maps prefetched first).
+  auto tma_tiles = [&](int m0, int h, int b, KeyRing<STAGES> ring, bool first_q, int first, int last) {
     const int hk = h / (p.heads_q / p.heads_kv);
-    if (first == begin) {
+    if (first_q) {
       prefetch_tensor_map(p.k_map);
       prefetch_tensor_map(p.v_map);
       if constexpr (STAGED_MASK) prefetch_tensor_map(p.mask_map);
-      tma_tile<T, ROWS, DQK>(q_addr, p.q_map, m0, h, b, q_full);
+      tma_tile<T, ROWS, DQK>(q_addr(0), p.q_map, m0, h, b, q_full(0));
     }
     for (int t = first; t < last; ++t) {
-      const int stage = (t - begin) % STAGES;
-      const unsigned parity = static_cast<unsigned>((t - begin) / STAGES) & 1u;
-      const bool refill = t - begin >= STAGES;
+      const int stage = ring.stage(t);
+      const unsigned parity = ring.parity(t);
+      const bool refill = ring.refill(t);
       if (refill) mbar_wait(k_empty(stage), parity ^ 1u);
       if constexpr (STAGED_MASK) {  // the mask tile rides on K's barriers: expected before K's arrival
         mbar_expect_tx(k_full(stage), staged_mask_bytes<ROWS, KEYS>(p));
@@ -396,9 +427,20 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       tma_tile<T, KEYS, DV>(v_addr(stage), p.v_map, t * KEYS, hk, b, v_full(stage));
     }
   };
+  if constexpr (PERSISTENT) {
+    // Each consumer warp frees a Q tile once its block's rows are stored; only generic arrivals
+    // and waits use these (no fence for the async proxy), which the __syncthreads below publishes.
+    // Thread 0's: beside warp 1's inits, or with a fence, ptxas serialized the consumers' wgmmas
+    // (C7511; thread 0, 64, 96 and 128 tried).
+    if (threadIdx.x == 0) {
+      mbar_init(q_empty(0), 4 * Tile::CONSUMERS);
+      mbar_init(q_empty(1), 4 * Tile::CONSUMERS);
+    }
+  }
   if (threadIdx.x == 32) {  // warp 1, while warp 0 finds the block's rows
     const unsigned fillers = p.tma ? 1 : 128;  // the producer threads that arrive on a full barrier
-    mbar_init(q_full, fillers);
+    mbar_init(q_full(0), fillers);
+    if constexpr (PERSISTENT) mbar_init(q_full(1), fillers);
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(k_full(s), fillers);
@@ -414,22 +456,28 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       // its copies once the inits are ordered before the async proxy's updates.
       fence_proxy_async();
       SeqTile t;
-      dense_tile<ROWS>(p, t);
+      if constexpr (PERSISTENT)
+        virtual_tile<ROWS>(p, t, blockIdx.x);
+      else
+        dense_tile<ROWS>(p, t);
       int begin, end;
       key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
                            min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
-      if (begin < end) tma_tiles(t.m0, t.h, t.b, begin, begin, min(end, begin + STAGES));
+      if (PERSISTENT || begin < end)  // a persistent twin's consumers wait for every block's Q
+        tma_tiles(t.m0, t.h, t.b, KeyRing<STAGES>{begin, 0}, true, begin, min(end, begin + STAGES));
     }
   }
-  if (!resolve_tile<ROWS>(p, tile_info, tile_found)) return;  // its __syncthreads publishes the barriers
-  const TileRef st{tile_info};
+  if constexpr (PERSISTENT) {  // dense calls only: every CTA has its first block
+    if (threadIdx.x == 0) virtual_tile<ROWS>(p, tile_info[0], blockIdx.x);
+    __syncthreads();  // publishes the barriers and the tile
+  } else if (!resolve_tile<ROWS>(p, tile_info[0], tile_found)) {
+    return;  // its __syncthreads publishes the barriers
+  }
+  const TileRef st{tile_info[0]};
   const int m0 = st.m0();
 
   int tile_begin, tile_end;
   key_tile_range<KEYS>(st.seq_kv(), st.window(p), m0, min(m0 + ROWS, st.seq_q()) - 1, tile_begin, tile_end);
-  // The stage of key tile t and which use of it that is.
-  auto stage_of = [&](int t) { return (t - tile_begin) % STAGES; };
-  auto parity_of = [&](int t) { return static_cast<unsigned>((t - tile_begin) / STAGES) & 1u; };
 
   const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);  // warp-uniform to the compiler
   if (role == 0) {
@@ -437,8 +485,31 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     setmaxnreg_dec<Tile::PRODUCER_REGS>();
     const int h = st.h();
     if (p.tma) {
-      constexpr int EARLY = Tile::CONSUMERS == 2 ? STAGES : 0;  // the tiles warp 1 issued
-      if (threadIdx.x == 0 && tile_begin + EARLY < tile_end) tma_tiles(m0, h, st.b(), tile_begin, tile_begin + EARLY, tile_end);
+      constexpr int EARLY = Tile::CONSUMERS == 2 ? STAGES : 0;  // the tiles warp 1 issued, with Q
+      if (threadIdx.x == 0) {
+        if (tile_begin + EARLY < tile_end)
+          tma_tiles(m0, h, st.b(), KeyRing<STAGES>{tile_begin, 0}, EARLY == 0, tile_begin + EARLY, tile_end);
+        if constexpr (PERSISTENT) {
+          // The CTA's later blocks: block i's Q into Q tile i % 2 once the consumers have freed
+          // it of block i - 2 (its (i / 2 - 1)-th release), its rows into tile_info[i % 2] (the
+          // arrival on the Q tile's full barrier publishes them: release, and the consumers'
+          // wait acquires), then its key tiles round the ring after the earlier blocks'.
+          int before = tile_end - tile_begin;
+          for (int i = 1, block = persistent_block(1); block < virtual_blocks(p); block = persistent_block(++i)) {
+            const int buf = i & 1;
+            if (i >= 2) mbar_wait(q_empty(buf), static_cast<unsigned>((i >> 1) - 1) & 1u);
+            SeqTile t;
+            virtual_tile<ROWS>(p, t, block);
+            tile_info[buf] = t;
+            int begin, end;
+            key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
+                                 min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
+            tma_tile<T, ROWS, DQK>(q_addr(buf), p.q_map, t.m0, t.h, t.b, q_full(buf));
+            tma_tiles(t.m0, t.h, t.b, KeyRing<STAGES>{begin, before}, false, begin, end);
+            before += end - begin;
+          }
+        }
+      }
     } else if (tile_begin < tile_end) {
       const int hk = h / (p.heads_q / p.heads_kv);
       const T* gq = static_cast<const T*>(p.q) + st.b() * p.q_batch_stride + h * p.q_head_stride +
@@ -447,16 +518,17 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
                     hk * p.k_head_stride;
       const T* gv = static_cast<const T*>(p.v) + st.b() * p.v_batch_stride + st.k_tok0() * p.v_seq_stride +
                     hk * p.v_head_stride;
-      produce_tile<T, ROWS, DQK, Tile::PRODUCER_UNROLL>(q_addr, gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
-      mbar_arrive_cp_async(q_full);
+      produce_tile<T, ROWS, DQK, Tile::PRODUCER_UNROLL>(q_addr(0), gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
+      mbar_arrive_cp_async(q_full(0));
+      const KeyRing<STAGES> ring{tile_begin, 0};
       for (int t = tile_begin; t < tile_end; ++t) {
-        const int stage = stage_of(t), n0 = t * KEYS, rows_valid = st.seq_kv() - n0;
-        const bool refill = t - tile_begin >= STAGES;
-        if (refill) mbar_wait(k_empty(stage), parity_of(t) ^ 1u);
+        const int stage = ring.stage(t), n0 = t * KEYS, rows_valid = st.seq_kv() - n0;
+        const bool refill = ring.refill(t);
+        if (refill) mbar_wait(k_empty(stage), ring.parity(t) ^ 1u);
         produce_tile<T, KEYS, DQK, Tile::PRODUCER_UNROLL>(k_addr(stage), gk + n0 * p.k_seq_stride, p.k_seq_stride,
                                                          rows_valid, p.dim_qk);
         mbar_arrive_cp_async(k_full(stage));
-        if (refill) mbar_wait(v_empty(stage), parity_of(t) ^ 1u);
+        if (refill) mbar_wait(v_empty(stage), ring.parity(t) ^ 1u);
         produce_tile<T, KEYS, DV, Tile::PRODUCER_UNROLL>(v_addr(stage), gv + n0 * p.v_seq_stride, p.v_seq_stride,
                                                         rows_valid, p.dim_v);
         mbar_arrive_cp_async(v_full(stage));
@@ -467,198 +539,233 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     // ---- consumers ----
     setmaxnreg_inc<Tile::CONSUMER_REGS>();
     const int lane = threadIdx.x & 31, warp_in_group = (threadIdx.x >> 5) & 3;
-    const int group_row0 = m0 + (role - 1) * 64;
-    const int my_row = group_row0 + warp_in_group * 16 + (lane >> 2);
-    float o[O_REGS];
+    // One block: rows from m0 (st), key tiles [tile_begin, tile_end) placed in the ring by `ring`,
+    // its Q in Q tile `buf`, landed at that tile's full-barrier phase of parity q_parity. Ping-pong
+    // turns run on from one block to the next: first_turn says this block's first turn is the
+    // CTA's first (consumer 1 then has no arrival to wait for), last_turn that its last is the
+    // CTA's last (the last consumer then arrives for no one).
+    auto consume_block = [&](const TileRef& st, int m0, int tile_begin, int tile_end, KeyRing<STAGES> ring, int buf,
+                             unsigned q_parity, bool first_turn, bool last_turn) {
+      // The stage of key tile t and which use of it that is.
+      auto stage_of = [&](int t) { return ring.stage(t); };
+      auto parity_of = [&](int t) { return ring.parity(t); };
+      const int group_row0 = m0 + (role - 1) * 64;
+      const int my_row = group_row0 + warp_in_group * 16 + (lane >> 2);
+      float o[O_REGS];
 #pragma unroll
-    for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
-    float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
-    const float mul = softmax_mul<GENERAL>(p);
-    // S(t) as it comes out of the tensor cores -> the scores the softmax takes.
-    auto make_scores = [&](float (&s)[KEYS / 2], int t) {
-      if constexpr (STAGED_MASK)
-        staged_mask_scores<ROWS, KEYS / 8>(s, p, smem + (mask_addr(stage_of(t)) - smem_u32(smem)), my_row - m0, lane);
-      else if constexpr (GENERAL)
-        general_scores<KEYS / 8>(s, p, st.b(), st.h(), my_row, st.seq_q(), t * KEYS + 2 * (lane & 3), st.seq_kv());
-      cut_keys<KEYS>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
-    };
+      for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
+      float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
+      const float mul = softmax_mul<GENERAL>(p);
+      // S(t) as it comes out of the tensor cores -> the scores the softmax takes.
+      auto make_scores = [&](float (&s)[KEYS / 2], int t) {
+        if constexpr (STAGED_MASK)
+          staged_mask_scores<ROWS, KEYS / 8>(s, p, smem + (mask_addr(stage_of(t)) - smem_u32(smem)), my_row - m0, lane);
+        else if constexpr (GENERAL)
+          general_scores<KEYS / 8>(s, p, st.b(), st.h(), my_row, st.seq_q(), t * KEYS + 2 * (lane & 3), st.seq_kv());
+        cut_keys<KEYS>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
+      };
 
-    int my_begin = tile_begin, my_end = tile_end;
-    while (my_begin < my_end && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_begin)) ++my_begin;
-    while (my_end > my_begin && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_end - 1)) --my_end;
+      int my_begin = tile_begin, my_end = tile_end;
+      while (my_begin < my_end && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_begin)) ++my_begin;
+      while (my_end > my_begin && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_end - 1)) --my_end;
 
-    // A tile's K or V has landed; a wgmma may read it once a fence.proxy.async follows, where
-    // cp.async wrote it (the generic proxy). TMA writes through the async proxy, as wgmma reads:
-    // no fence.
-    auto k_landed = [&](int t) { mbar_wait(k_full(stage_of(t)), parity_of(t)); };
-    auto v_landed = [&](int t) { mbar_wait(v_full(stage_of(t)), parity_of(t)); };
-    auto fence_copies = [&] {
-      if (!p.tma) fence_proxy_async();
-    };
-    auto wait_k = [&](int t) {
-      k_landed(t);
-      fence_copies();
-    };
-    auto wait_v = [&](int t) {
-      v_landed(t);
-      fence_copies();
-    };
-    auto wait_k_and_previous_v = [&](int t) {  // K(t) and V(t - 1), one fence for both
-      k_landed(t);
-      v_landed(t - 1);
-      fence_copies();
-    };
-    auto release_k = [&](int t) {
-      if (lane == 0) mbar_arrive(k_empty(stage_of(t)));
-    };
-    // K(t)'s release once S(t) is made: right after its wgmmas, or, where its stage holds the
-    // tile's staged mask, after make_scores has read that (every lane of the warp).
-    auto release_k_before_scores = [&](int t) {
-      if constexpr (!STAGED_MASK) release_k(t);
-    };
-    auto release_k_after_scores = [&](int t) {
-      if constexpr (STAGED_MASK) {
-        __syncwarp();
-        release_k(t);
-      }
-    };
-    auto release_v = [&](int t) {
-      if (lane == 0) mbar_arrive(v_empty(stage_of(t)));
-    };
-    auto pass = [&](int t) {  // a tile this warpgroup's rows do not see
-      k_landed(t);
-      release_k(t);
-      v_landed(t);
-      release_v(t);
-    };
-    // Ping-pong turns (see the top comment): turn t's wait before its wgmmas are issued, its
-    // arrival after; nothing without PINGPONG.
-    auto turn_wait = [&](int t) {
-      if constexpr (Tile::PINGPONG) {
-        if (role != 1 || t > tile_begin) named_bar_sync(Tile::PP_BAR0 + role - 1, 256);
-      }
-    };
-    auto turn_arrive = [&](int t) {
-      if constexpr (Tile::PINGPONG) {
-        if (role != Tile::CONSUMERS || t < tile_end) named_bar_arrive(Tile::PP_BAR0 + role % Tile::CONSUMERS, 256);
-      }
-    };
-    auto empty_turn = [&](int t) {
-      turn_wait(t);
-      turn_arrive(t);
-    };
-
-    for (int t = tile_begin; t < my_begin; ++t) {
-      pass(t);
-      empty_turn(t);
-    }
-    if (my_begin < my_end) {
-      const unsigned q_group = q_addr + (role - 1) * 64 * 128;  // this warpgroup's rows of each half
-      float s[KEYS / 2], alpha[2];
-      unsigned pa[KEYS / 16][4];
-      // A narrow last tile (NARROW_LAST kernels): where none of this warpgroup's rows sees a key
-      // of its last tile's second half (the causal diagonal's upper 64 rows, or a sequence's
-      // end, cut them all), S, the softmax and P V take the first KEYS / 2 keys only. The keys
-      // left out would score -inf and weigh exactly 0, so the sums and bits are the same.
-      constexpr bool NARROWS = Tile::NARROW_LAST && !GENERAL;  // this kernel has the narrow steps
-      const bool narrow = NARROWS &&
-                          min(last_visible_key(st.window(p), min(group_row0 + 63, st.seq_q() - 1)),
-                              static_cast<long long>(st.seq_kv()) - 1) < (my_end - 1) * KEYS + KEYS / 2;
-      // Tile t's scores over its first W keys (s's first W / 2 registers), made (mask, cut) and
-      // softmaxed into P (unrounded); pack rounds them into P V's A fragments.
-      auto scores_and_softmax = [&](auto width, int t) {
-        constexpr int W = decltype(width)::value;
-        auto& sw = *reinterpret_cast<float(*)[W / 2]>(s);
-        if constexpr (W == KEYS) {
-          release_k_before_scores(t);
-          make_scores(s, t);
-          release_k_after_scores(t);
-        } else {  // a plain kernel: the cut is all of make_scores
+      // A tile's K or V has landed; a wgmma may read it once a fence.proxy.async follows, where
+      // cp.async wrote it (the generic proxy). TMA writes through the async proxy, as wgmma reads:
+      // no fence.
+      auto k_landed = [&](int t) { mbar_wait(k_full(stage_of(t)), parity_of(t)); };
+      auto v_landed = [&](int t) { mbar_wait(v_full(stage_of(t)), parity_of(t)); };
+      auto fence_copies = [&] {
+        if (!p.tma) fence_proxy_async();
+      };
+      auto wait_k = [&](int t) {
+        k_landed(t);
+        fence_copies();
+      };
+      auto wait_v = [&](int t) {
+        v_landed(t);
+        fence_copies();
+      };
+      auto wait_k_and_previous_v = [&](int t) {  // K(t) and V(t - 1), one fence for both
+        k_landed(t);
+        v_landed(t - 1);
+        fence_copies();
+      };
+      auto release_k = [&](int t) {
+        if (lane == 0) mbar_arrive(k_empty(stage_of(t)));
+      };
+      // K(t)'s release once S(t) is made: right after its wgmmas, or, where its stage holds the
+      // tile's staged mask, after make_scores has read that (every lane of the warp).
+      auto release_k_before_scores = [&](int t) {
+        if constexpr (!STAGED_MASK) release_k(t);
+      };
+      auto release_k_after_scores = [&](int t) {
+        if constexpr (STAGED_MASK) {
+          __syncwarp();
           release_k(t);
-          cut_keys<W>(sw, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
         }
-        online_softmax<W, O_REGS, false, Tile::LAZY_RESCALE>(sw, o, row_max, row_sum, mul, alpha);
       };
-      auto pack = [&](auto width) {
-        constexpr int W = decltype(width)::value;
-        pack_p<T, W>(*reinterpret_cast<float(*)[W / 2]>(s), *reinterpret_cast<unsigned(*)[W / 16][4]>(pa));
+      auto release_v = [&](int t) {
+        if (lane == 0) mbar_arrive(v_empty(stage_of(t)));
       };
-      constexpr Width<KEYS> full{};
-      constexpr Width<KEYS / 2> half{};
-      // The first tile is scored in full even where it is a narrow last one (then only its P V
-      // narrows): a narrow first tile beside the narrow step had ptxas serialize the wgmmas
-      // (C7511, too few registers for their pipeline).
-      auto first_tile = [&] {
-        wait_k(my_begin);
-        turn_wait(my_begin);
-        issue_qk<T, Tile>(s, q_group, k_addr(stage_of(my_begin)));
-        turn_arrive(my_begin);
-        wgmma_wait<0>();
-        fence_registers(s);
-        scores_and_softmax(full, my_begin);  // O is 0: no rescale
-        pack(full);
+      auto pass = [&](int t) {  // a tile this warpgroup's rows do not see
+        k_landed(t);
+        release_k(t);
+        v_landed(t);
+        release_v(t);
       };
-      // Tile t (> my_begin) of width W, whose previous tile was a full one.
-      auto next_tile = [&](auto width, int t) {
-        constexpr int W = decltype(width)::value;
-        if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) {
-          wait_k_and_previous_v(t);
-        } else {
-          wait_k(t);
+      // Ping-pong turns (see the top comment): turn t's wait before its wgmmas are issued, its
+      // arrival after; nothing without PINGPONG.
+      auto turn_wait = [&](int t) {
+        if constexpr (Tile::PINGPONG) {
+          if (role != 1 || t > tile_begin || !first_turn) named_bar_sync(Tile::PP_BAR0 + role - 1, 256);
         }
+      };
+      auto turn_arrive = [&](int t) {
+        if constexpr (Tile::PINGPONG) {
+          if (role != Tile::CONSUMERS || t < tile_end || !last_turn) named_bar_arrive(Tile::PP_BAR0 + role % Tile::CONSUMERS, 256);
+        }
+      };
+      auto empty_turn = [&](int t) {
         turn_wait(t);
-        issue_qk<T, Tile, W>(s, q_group, k_addr(stage_of(t)));
-        fence_registers(s);
-        if constexpr (!Tile::SOFTMAX_BESIDE_OWN_PV) wait_v(t - 1);
-        issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
-        fence_registers(o);
         turn_arrive(t);
-        wgmma_wait<1>();  // S(t) done; O's P V may still run
-        fence_registers(s);
-        scores_and_softmax(width, t);
-        if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) wait_after_softmax(row_sum[0]);
-        wgmma_wait<0>();
-        fence_registers(o);
-        release_v(t - 1);
-        // O *= 1 changes nothing: with a lagging max a warp skips it when no row's max moved.
-        if (!Tile::LAZY_RESCALE || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o(o, alpha);
-        pack(width);
       };
-      auto last_pv = [&](auto width) {
-        constexpr int W = decltype(width)::value;
-        wait_v(my_end - 1);
-        turn_wait(my_end);
-        issue_pv<T, Tile, W>(o, pa, v_addr(stage_of(my_end - 1)));
-        turn_arrive(my_end);
-        wgmma_wait<0>();
-        fence_registers(o);
-        release_v(my_end - 1);
-      };
-      mbar_wait(q_full, 0);
-      const int full_end = narrow ? my_end - 1 : my_end;  // the tiles scored in full end here
-      first_tile();
-      for (int t = my_begin + 1; t < full_end; ++t) next_tile(full, t);
-      if constexpr (NARROWS) {
-        if (narrow && my_begin < full_end) next_tile(half, my_end - 1);
-        if (narrow)
-          last_pv(half);
-        else
-          last_pv(full);
-      } else {
-        last_pv(full);
-      }
-    } else if constexpr (Tile::PINGPONG) {
-      if (tile_begin < tile_end) empty_turn(my_end);  // turn tile_end: the head loop passed every tile
-    }
-    for (int t = my_end; t < tile_end; ++t) {  // (none when the head loop passed them all)
-      pass(t);
-      empty_turn(t + 1);
-    }
 
-    // A consumer with no tile of its own never waited for Q, whose copies land in its rows too.
-    if (my_begin >= my_end && tile_begin < tile_end) mbar_wait(q_full, 0);
-    store_rows_staged<T, Tile>(p, st, st.h(), o, row_max, row_sum, q_addr + (role - 1) * 64 * 128, group_row0, my_row,
-                               lane, Tile::STORE_BAR0 + role - 1);
+      for (int t = tile_begin; t < my_begin; ++t) {
+        pass(t);
+        empty_turn(t);
+      }
+      if (my_begin < my_end) {
+        const unsigned q_group = q_addr(buf) + (role - 1) * 64 * 128;  // this warpgroup's rows of each half
+        float s[KEYS / 2], alpha[2];
+        unsigned pa[KEYS / 16][4];
+        // A narrow last tile (NARROW_LAST kernels): where none of this warpgroup's rows sees a key
+        // of its last tile's second half (the causal diagonal's upper 64 rows, or a sequence's
+        // end, cut them all), S, the softmax and P V take the first KEYS / 2 keys only. The keys
+        // left out would score -inf and weigh exactly 0, so the sums and bits are the same.
+        constexpr bool NARROWS = Tile::NARROW_LAST && !GENERAL;  // this kernel has the narrow steps
+        const bool narrow = NARROWS &&
+                            min(last_visible_key(st.window(p), min(group_row0 + 63, st.seq_q() - 1)),
+                                static_cast<long long>(st.seq_kv()) - 1) < (my_end - 1) * KEYS + KEYS / 2;
+        // Tile t's scores over its first W keys (s's first W / 2 registers), made (mask, cut) and
+        // softmaxed into P (unrounded); pack rounds them into P V's A fragments.
+        auto scores_and_softmax = [&](auto width, int t) {
+          constexpr int W = decltype(width)::value;
+          auto& sw = *reinterpret_cast<float(*)[W / 2]>(s);
+          if constexpr (W == KEYS) {
+            release_k_before_scores(t);
+            make_scores(s, t);
+            release_k_after_scores(t);
+          } else {  // a plain kernel: the cut is all of make_scores
+            release_k(t);
+            cut_keys<W>(sw, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
+          }
+          online_softmax<W, O_REGS, false, Tile::LAZY_RESCALE>(sw, o, row_max, row_sum, mul, alpha);
+        };
+        auto pack = [&](auto width) {
+          constexpr int W = decltype(width)::value;
+          pack_p<T, W>(*reinterpret_cast<float(*)[W / 2]>(s), *reinterpret_cast<unsigned(*)[W / 16][4]>(pa));
+        };
+        constexpr Width<KEYS> full{};
+        constexpr Width<KEYS / 2> half{};
+        // The first tile is scored in full even where it is a narrow last one (then only its P V
+        // narrows): a narrow first tile beside the narrow step had ptxas serialize the wgmmas
+        // (C7511, too few registers for their pipeline).
+        auto first_tile = [&] {
+          wait_k(my_begin);
+          turn_wait(my_begin);
+          issue_qk<T, Tile>(s, q_group, k_addr(stage_of(my_begin)));
+          turn_arrive(my_begin);
+          wgmma_wait<0>();
+          fence_registers(s);
+          scores_and_softmax(full, my_begin);  // O is 0: no rescale
+          pack(full);
+        };
+        // Tile t (> my_begin) of width W, whose previous tile was a full one.
+        auto next_tile = [&](auto width, int t) {
+          constexpr int W = decltype(width)::value;
+          if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) {
+            wait_k_and_previous_v(t);
+          } else {
+            wait_k(t);
+          }
+          turn_wait(t);
+          issue_qk<T, Tile, W>(s, q_group, k_addr(stage_of(t)));
+          fence_registers(s);
+          if constexpr (!Tile::SOFTMAX_BESIDE_OWN_PV) wait_v(t - 1);
+          issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
+          fence_registers(o);
+          turn_arrive(t);
+          wgmma_wait<1>();  // S(t) done; O's P V may still run
+          fence_registers(s);
+          scores_and_softmax(width, t);
+          if constexpr (Tile::SOFTMAX_BESIDE_OWN_PV) wait_after_softmax(row_sum[0]);
+          wgmma_wait<0>();
+          fence_registers(o);
+          release_v(t - 1);
+          // O *= 1 changes nothing: with a lagging max a warp skips it when no row's max moved.
+          if (!Tile::LAZY_RESCALE || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) rescale_o(o, alpha);
+          pack(width);
+        };
+        auto last_pv = [&](auto width) {
+          constexpr int W = decltype(width)::value;
+          wait_v(my_end - 1);
+          turn_wait(my_end);
+          issue_pv<T, Tile, W>(o, pa, v_addr(stage_of(my_end - 1)));
+          turn_arrive(my_end);
+          wgmma_wait<0>();
+          fence_registers(o);
+          release_v(my_end - 1);
+        };
+        mbar_wait(q_full(buf), q_parity);
+        const int full_end = narrow ? my_end - 1 : my_end;  // the tiles scored in full end here
+        first_tile();
+        for (int t = my_begin + 1; t < full_end; ++t) next_tile(full, t);
+        if constexpr (NARROWS) {
+          if (narrow && my_begin < full_end) next_tile(half, my_end - 1);
+          if (narrow)
+            last_pv(half);
+          else
+            last_pv(full);
+        } else {
+          last_pv(full);
+        }
+      } else if constexpr (Tile::PINGPONG) {
+        if (tile_begin < tile_end) empty_turn(my_end);  // turn tile_end: the head loop passed every tile
+      }
+      for (int t = my_end; t < tile_end; ++t) {  // (none when the head loop passed them all)
+        pass(t);
+        empty_turn(t + 1);
+      }
+
+      // A consumer with no tile of its own never waited for Q, whose copies land in its rows too.
+      if (my_begin >= my_end && tile_begin < tile_end) mbar_wait(q_full(buf), q_parity);
+      store_rows_staged<T, Tile>(p, st, st.h(), o, row_max, row_sum, q_addr(buf) + (role - 1) * 64 * 128, group_row0,
+                                 my_row, lane, Tile::STORE_BAR0 + role - 1);
+    };
+    if constexpr (!PERSISTENT) {
+      consume_block(st, m0, tile_begin, tile_end, KeyRing<STAGES>{tile_begin, 0}, 0, 0u, true, true);
+    } else {
+      // Block i's Q and rows wait in Q tile i % 2 (its (i / 2)-th fill); once its rows are
+      // stored, every warp frees the tile (its generic reads and writes of it ordered before the
+      // producer's next TMA write there). The last consumer arrives after every block's last
+      // turn, and consumer 1 takes the CTA's last arrival after its last block.
+      int before = 0;  // the key tiles of the blocks run so far: a turn was taken once there are any
+      for (int i = 0, block = blockIdx.x; block < virtual_blocks(p); block = persistent_block(++i)) {
+        const int buf = i & 1;
+        const unsigned q_parity = static_cast<unsigned>(i >> 1) & 1u;
+        mbar_wait(q_full(buf), q_parity);
+        const TileRef bt{tile_info[buf]};
+        const int b_m0 = bt.m0();
+        int begin, end;
+        key_tile_range<KEYS>(bt.seq_kv(), bt.window(p), b_m0, min(b_m0 + ROWS, bt.seq_q()) - 1, begin, end);
+        consume_block(bt, b_m0, begin, end, KeyRing<STAGES>{begin, before}, buf, q_parity, before == 0, false);
+        before += end - begin;
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(q_empty(buf));
+      }
+      if (role == 1 && before > 0) named_bar_sync(Tile::PP_BAR0, 256);
+    }
   }
 }
 
@@ -670,11 +777,13 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 // ping-pong ("pingpong" variants, NAME ends _pp); GENERAL: the per-element score path (masks,
 // softcap, any scale; NAME has _general); STAGED_MASK: a general kernel's twin for the masks it
 // stages in shared memory by TMA (NAME ends _staged_mask; launched with tma 1 and MASK_STAGE_BYTES
-// more shared memory a stage).
-#define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, GROUPS, PINGPONG, GENERAL, STAGED_MASK)     \
+// more shared memory a stage); PERSISTENT: a plain ping-pong kernel's persistent twin (NAME ends
+// _persistent; launched with tma 1 on a dense call's grid of gridDim.x CTAs, a second Q tile's
+// shared memory more, and the blocks in p.virtual_grid).
+#define FLASH_FWD_SM90_WS(NAME, T, DQK, DV, KEYS, STAGES, GROUPS, PINGPONG, GENERAL, STAGED_MASK, PERSISTENT) \
   extern "C" __global__ void __launch_bounds__(                                                         \
       ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, PINGPONG>::type::THREADS, 1)               \
       NAME(const __grid_constant__ ptxattn::FlashFwdParams p) {                                         \
     ptxattn::sm90::flash_fwd_ws<T, typename ptxattn::sm90::WsTileFor<DQK, DV, KEYS, STAGES, GROUPS, PINGPONG>::type, \
-                                GENERAL, STAGED_MASK>(p);                                               \
+                                GENERAL, STAGED_MASK, PERSISTENT>(p);                                   \
   }

@@ -11,15 +11,18 @@ def flash_fwd(dtype: str, suffix: str, general: bool, fp8: bool = False) -> str:
 
 
 def flash_fwd_sm90(dtype: str, dim: int, dim_v: int, general: bool, *, ws: bool = False, groups: int = 2,
-                   pingpong: bool = False, staged_mask: bool = False, fp8: bool = False, paged: bool = False) -> str:
+                   pingpong: bool = False, staged_mask: bool = False, persistent: bool = False, fp8: bool = False,
+                   paged: bool = False) -> str:
     """cu/flash_fwd_sm90.cu's wgmma kernels: flash_fwd_sm90_<dtype>_d<dim>[_<dim_v>][_general], then
-    _ws[_m<rows>][_pp][_staged_mask] for a warp-specialized one (rows where a CTA's are not 128, _pp
-    for ping-pong consumers, _staged_mask for a general one's twin that stages masks in shared
-    memory by TMA), _fp8 for fp8 K/V, or _paged for K/V through a block table."""
+    _ws[_m<rows>][_pp][_staged_mask][_persistent] for a warp-specialized one (rows where a CTA's are
+    not 128, _pp for ping-pong consumers, _staged_mask for a general one's twin that stages masks in
+    shared memory by TMA, _persistent for a plain one's twin whose CTAs run block after block),
+    _fp8 for fp8 K/V, or _paged for K/V through a block table."""
     stem = f"flash_fwd_sm90_{dtype}_d{dim}" + (f"_{dim_v}" if dim_v != dim else "") + ("_general" if general else "")
     if ws:
         rows = "" if groups == 2 else f"_m{64 * groups}"
-        return f"{stem}_ws{rows}" + ("_pp" if pingpong else "") + ("_staged_mask" if staged_mask else "")
+        return (f"{stem}_ws{rows}" + ("_pp" if pingpong else "") + ("_staged_mask" if staged_mask else "")
+                + ("_persistent" if persistent else ""))
     return stem + ("_fp8" if fp8 else "_paged" if paged else "")
 
 

@@ -126,6 +126,7 @@ class Sm90Tile:
     stages: int = 2   # K/V stages in shared memory
     pingpong: bool = False  # ws kernels only: the consumers take turns on the tensor cores (named barriers)
     staged_mask: bool = False  # a general ws kernel's twin that stages masks in shared memory by TMA
+    persistent: bool = False  # a plain ws ping-pong kernel's twin whose CTAs run block after block
 
     @property
     def rows(self) -> int:
@@ -137,10 +138,12 @@ class Sm90Tile:
 
     @property
     def shared_bytes(self) -> int:
-        # Q, the stages of K and V, and 1024 bytes to align the base for the swizzle; fp8
-        # kernels add the staging area of the next tile's K and V bytes, staged-mask twins a
-        # stage's tile of a 16-bit mask (rows by keys) beside each K/V stage.
-        shared = 2 * (self.dim * self.rows + self.stages * self.keys * (self.dim + self.dim_v)) + 1024
+        # Q (two Q tiles in a persistent twin: the next block's beside this one's), the stages of
+        # K and V, and 1024 bytes to align the base for the swizzle; fp8 kernels add the staging
+        # area of the next tile's K and V bytes, staged-mask twins a stage's tile of a 16-bit mask
+        # (rows by keys) beside each K/V stage.
+        q_tiles = 2 if self.persistent else 1
+        shared = 2 * (q_tiles * self.dim * self.rows + self.stages * self.keys * (self.dim + self.dim_v)) + 1024
         if self.fp8:
             shared += 2 * self.keys * self.dim
         if self.staged_mask:
@@ -155,7 +158,8 @@ class Sm90Tile:
         """The entry point for `dtype`; `paged` K/V (a block table) have one of their own, but
         for fp8 K/V (and none for warp-specialized kernels: strided K/V only)."""
         return kernel_names.flash_fwd_sm90(dtype, self.dim, self.dim_v, self.general, ws=self.ws, groups=self.groups,
-                                           pingpong=self.pingpong, staged_mask=self.staged_mask, fp8=self.fp8,
+                                           pingpong=self.pingpong, staged_mask=self.staged_mask,
+                                           persistent=self.persistent, fp8=self.fp8,
                                            paged=paged)
 
 
@@ -222,14 +226,15 @@ def sdpa_fp8_variants() -> Mapping[int, Fp8Variant]:
                              for v in _variants("flash_fwd_fp8")})
 
 
-def _sm90_tiles(fp8: bool, ws: bool = False, pingpong: bool = False, staged_mask: bool = False) -> list[Sm90Tile]:
+def _sm90_tiles(fp8: bool, ws: bool = False, pingpong: bool = False, staged_mask: bool = False,
+                persistent: bool = False) -> list[Sm90Tile]:
     """flash_fwd_sm90's tiles over fp8 K/V, or over K/V in q's dtype; warp-specialized ones
-    (ws) apart, and among them the ping-pong ones, and the staged-mask twins."""
+    (ws) apart, and among them the ping-pong ones, the staged-mask twins and the persistent ones."""
     return [_from_record(Sm90Tile, {"dim_v": v["dim"], "keys": 128, "fp8": False, "ws": False, "stages": 2,
-                                    "pingpong": False, "staged_mask": False, **v})
+                                    "pingpong": False, "staged_mask": False, "persistent": False, **v})
             for v in _variants("flash_fwd_sm90")
             if v.get("fp8", False) == fp8 and v.get("ws", False) == ws and v.get("pingpong", False) == pingpong
-            and v.get("staged_mask", False) == staged_mask]
+            and v.get("staged_mask", False) == staged_mask and v.get("persistent", False) == persistent]
 
 
 @functools.cache
@@ -262,6 +267,14 @@ def sm90_staged_mask_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
     tiles = _sm90_tiles(fp8=False, ws=True, staged_mask=True) + _sm90_tiles(fp8=False, ws=True, pingpong=True,
                                                                            staged_mask=True)
     return MappingProxyType({(t.dim, t.pingpong): t for t in tiles})
+
+
+@functools.cache
+def sm90_persistent_tiles() -> Mapping[int, Sm90Tile]:
+    """The persistent twins of plain warp-specialized ping-pong tiles by dim: ops/attention.py
+    runs one in place of its ping-pong tile for dense TMA calls of more blocks than SMs
+    (persistent_grid)."""
+    return MappingProxyType({t.dim: t for t in _sm90_tiles(fp8=False, ws=True, pingpong=True, persistent=True)})
 
 
 @functools.cache

@@ -101,6 +101,9 @@ def main() -> int:
     parser.add_argument("--sm90-cp-async", action="store_true",
                         help="prefill suite: also time the warp-specialized kernels loading by cp.async rather than "
                              "TMA (PTXATTN_SM90_TMA=0) beside the default ones, and compare their outputs bit for bit")
+    parser.add_argument("--sm90-no-persistent", action="store_true",
+                        help="prefill suite: also time a CTA a block (PTXATTN_SM90_PERSISTENT=0) where the default "
+                             "runs the persistent twins, and compare their outputs bit for bit")
     parser.add_argument("--baseline", metavar="DIR", help="step suite: also time the eager step of the ptxattn "
                                                           "importable from DIR (an earlier version)")
     args = parser.parse_args()

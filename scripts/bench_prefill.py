@@ -10,7 +10,9 @@ ping-pong twins at every head dim (the _ws_pp kernels, PTXATTN_SM90_PINGPONG=1),
 pp_bit_identical; with --sm90-ws, a ptxattn_ws column for the warp-specialized kernels without
 ping-pong at every head dim (PTXATTN_SM90_PINGPONG=0), with ws_bit_identical; with
 --sm90-cp-async, a ptxattn_cp_async column for the warp-specialized producer's cp.async copies
-in place of its TMA loads (PTXATTN_SM90_TMA=0), with cp_async_bit_identical.
+in place of its TMA loads (PTXATTN_SM90_TMA=0), with cp_async_bit_identical; with
+--sm90-no-persistent, a ptxattn_no_persistent column for a CTA a block where the default runs
+the persistent twins (PTXATTN_SM90_PERSISTENT=0), with no_persistent_bit_identical.
 
 Timings are device time (bench_common.time_ms); the host cost of one sdpa() call is its own
 column. Each shape's output is compared with the float64 reference on batch 0, head 0 (its
@@ -124,6 +126,7 @@ SM90_COLUMNS = (
     ("pp", "sm90_pingpong", "sm90_pingpong_dims", frozenset(d for d, _ in sm90_ws_pp_tiles())),  # PTXATTN_SM90_PINGPONG=1
     ("ws", "sm90_ws", "sm90_pingpong_dims", frozenset()),                          # PTXATTN_SM90_PINGPONG=0
     ("cp_async", "sm90_cp_async", "sm90_tma_enabled", False),                      # PTXATTN_SM90_TMA=0
+    ("no_persistent", "sm90_no_persistent", "sm90_persistent_enabled", False),     # PTXATTN_SM90_PERSISTENT=0
 )
 
 

@@ -144,10 +144,11 @@ def _flash_fwd_sm90(info):
             if v.get("ws", False):  # warp-specialized kernel: `groups` consumers, `stages` K/V stages
                 pingpong = v.get("pingpong", False)  # the consumers take turns on the tensor cores
                 staged_mask = v.get("staged_mask", False)  # a general kernel's twin that stages 16-bit masks
-                ws = name(ws=True, groups=v["groups"], pingpong=pingpong, staged_mask=staged_mask)
+                persistent = v.get("persistent", False)  # a plain kernel's twin whose CTAs run block after block
+                ws = name(ws=True, groups=v["groups"], pingpong=pingpong, staged_mask=staged_mask, persistent=persistent)
                 yield (f"FLASH_FWD_SM90_WS({ws}, {C_TYPES[dtype]}, {v['dim']}, {dim_v}, {keys}, {v['stages']}, "
                        f"{v['groups']}, {c_literal(pingpong)}, {c_literal(v['general'])}, "
-                       f"{c_literal(staged_mask)})", [ws])
+                       f"{c_literal(staged_mask)}, {c_literal(persistent)})", [ws])
             elif fp8:
                 yield f"FLASH_FWD_SM90_FP8({name(fp8=True)}, {C_TYPES[dtype]}, {v['dim']}, {v['groups']}, " \
                       f"{c_literal(v['general'])})", [name(fp8=True)]

@@ -567,6 +567,44 @@ def masks_stage_by_tma() -> None:
     got = staged_mask_twin(sm90_ws_pp_tiles()[64, True])
     assert got is not None and got.kernel("bf16") == "flash_fwd_sm90_bf16_d64_general_ws_pp_staged_mask"
 
+
+def persistent_twins_share_the_blocks_out() -> None:
+    """A dense TMA call of the plain D128 ping-pong kernel with more query blocks than SMs runs its
+    persistent twin: one CTA an SM (132 here), the twin's shared memory (a second Q tile), and
+    the grid the ping-pong kernel would have run in virtual_grid (causal: heavy-first runs).
+    Calls of no more blocks than SMs, without q / k / v maps (padded dims), with a mask or
+    softcap (general kernels), at other head dims, and under PTXATTN_SM90_PERSISTENT=0 keep the
+    ping-pong kernel on its own grid."""
+    from ptxattn.ops import attention
+    from ptxattn.variants import sm90_persistent_tiles, sm90_ws_pp_tiles
+
+    e = ptxattn.empty
+    twin, pp = sm90_persistent_tiles()[128], sm90_ws_pp_tiles()[128, False]
+
+    def launch(b, h, s, d=128, dtype=BF16, **options):
+        q, k, v = (e((b, h, s, d), dtype) for _ in range(3))
+        (launch,) = ptxattn.prepare(ptxattn.sdpa, q, k, v, stream=STREAM, **options).launches
+        return launch
+
+    def virtual_grid(launch):
+        return launch.params.virtual_grid_x, launch.params.virtual_grid_y, launch.params.virtual_grid_z
+
+    short = launch(32, 16, 512, causal=True)
+    assert short.name == "flash_fwd_sm90_bf16_d128_ws_pp_persistent" and short.params.tma == 1, short.name
+    assert (short.grid, short.shared, short.params.heavy_first) == ((132, 1, 1), twin.shared_bytes, 1), short.grid
+    assert virtual_grid(short) == (1, 4, 512) and twin.shared_bytes == pp.shared_bytes + 128 * 128 * 2
+    long = launch(4, 32, 4096)
+    assert long.name.endswith("_persistent") and virtual_grid(long) == (32, 32, 4) and long.grid == (132, 1, 1)
+    assert launch(4, 32, 4096, dtype=np.float16).name == "flash_fwd_sm90_f16_d128_ws_pp_persistent"
+    for name, kept in (("132 blocks", launch(1, 33, 512)), ("padded dims", launch(32, 16, 512, d=96)),
+                       ("softcap", launch(32, 16, 512, softcap=30.0)), ("D64", launch(32, 16, 512, d=64))):
+        assert not kept.name.endswith("_persistent") and kept.grid != (132, 1, 1), (name, kept.name, kept.grid)
+    assert virtual_grid(launch(1, 33, 512)) == (0, 0, 0)
+    attention.sm90_persistent_enabled = lambda: False  # as PTXATTN_SM90_PERSISTENT=0 reads
+    prepared.clear_bindings()
+    off = launch(32, 16, 512, causal=True)
+    assert off.name == pp.kernel("bf16") and off.grid == (1, 4, 512) and off.shared == pp.shared_bytes, off.name
+
 if __name__ == "__main__":
     globals()[sys.argv[1]]()
     print(f"{sys.argv[1]}: OK")

@@ -17,7 +17,8 @@ CHECKS = ["no_stale_pointers", "prepared_rebinds_only_what_it_is_given", "option
           "torch_tensors_are_classified_where_they_live",
           "cache_stays_bounded", "numpy_calls_round_trip", "threads_launch_their_own_pointers",
           "serving_outputs_made_are_filled", "fp8_fields_are_bound", "kernel_loads_run_in_relaxed_capture_mode",
-          "fault_buffer_is_made_inside_a_capture", "tma_maps_follow_their_arrays", "masks_stage_by_tma"]
+          "fault_buffer_is_made_inside_a_capture", "tma_maps_follow_their_arrays", "masks_stage_by_tma",
+          "persistent_twins_share_the_blocks_out"]
 
 
 @pytest.mark.parametrize("check", CHECKS)

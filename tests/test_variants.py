@@ -8,8 +8,8 @@ import pytest
 
 from ptxattn.module import manifest
 from ptxattn.variants import (DecodeTile, Sm90Tile, decode_d_tiles, kv_quant_dtypes, merge_dtypes, sdpa_fp8_variants,
-                              sdpa_tiles, sm90_fp8_tiles, sm90_staged_mask_tiles, sm90_tiles, sm90_ws_pp_tiles,
-                              sm90_ws_tiles, softmax_dtypes)
+                              sdpa_tiles, sm90_fp8_tiles, sm90_persistent_tiles, sm90_staged_mask_tiles, sm90_tiles,
+                              sm90_ws_pp_tiles, sm90_ws_tiles, softmax_dtypes)
 
 DTYPES = ("f16", "bf16", "f32")
 
@@ -26,7 +26,7 @@ def test_views_name_every_kernel_of_the_manifest():
     assert {t.kernel(dt, paged) for t in sm90_tiles().values() for dt in sm90_dtypes
             for paged in (False, True)} | {t.kernel(dt) for t in sm90_fp8_tiles().values()
                                            for dt in sm90_dtypes} | \
-        {t.kernel(dt) for tiles in (sm90_ws_tiles(), sm90_ws_pp_tiles(), sm90_staged_mask_tiles())
+        {t.kernel(dt) for tiles in (sm90_ws_tiles(), sm90_ws_pp_tiles(), sm90_staged_mask_tiles(), sm90_persistent_tiles())
          for t in tiles.values() for dt in sm90_dtypes} == kernels("flash_fwd_sm90")
     fp8_dtypes = manifest()["families"]["flash_fwd_fp8"]["dtypes"]
     assert {v.kernel(dt) for v in sdpa_fp8_variants().values() for dt in fp8_dtypes} == kernels("flash_fwd_fp8")
@@ -157,3 +157,11 @@ def test_sm90_ws_tiles():
         assert tile.shared_bytes == general.shared_bytes + 2 * tile.stages * tile.rows * tile.keys
         assert tile.shared_bytes <= SM90_DYNAMIC_SHARED_MAX
         assert tile.kernel("bf16") == general.kernel("bf16") + "_staged_mask"
+    # The persistent twin of the plain D128 ping-pong kernel: the same tile but for the flag, a
+    # second Q tile, a kernel of its own.
+    persistent = sm90_persistent_tiles()
+    assert set(persistent) == {128}
+    tile = persistent[128]
+    assert tile.persistent and dataclasses.replace(tile, persistent=False) == pp[128, False]
+    assert tile.shared_bytes == pp[128, False].shared_bytes + 2 * tile.rows * tile.dim <= SM90_DYNAMIC_SHARED_MAX
+    assert tile.kernel("bf16") == pp[128, False].kernel("bf16") + "_persistent"

@@ -21,7 +21,7 @@ from ..dtypes import bfloat16
 from ..module import ParamStruct, loaded_arch
 from ..tensor_map import MAP_BYTES, MapSpec
 from ..variants import (SdpaVariant, Sm90Tile, sdpa_fp8_variants, sdpa_tiles, sm90_fp8_tiles,
-                        sm90_staged_mask_tiles, sm90_tiles, sm90_ws_pp_tiles, sm90_ws_tiles)
+                        sm90_persistent_tiles, sm90_staged_mask_tiles, sm90_tiles, sm90_ws_pp_tiles, sm90_ws_tiles)
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_nonnegative_strides,
                      check_output, check_sinks, check_unit_last_stride, parse_scale, parse_softcap, parse_window,
                      require)
@@ -68,21 +68,26 @@ _PACKED_FIELDS = [
 ]
 
 
+# The fields between the packed ones and the tensor maps (each run or plan sets them).
+_MAP_PREFIX_FIELDS = [("tma", ctypes.c_int32), ("virtual_grid_x", ctypes.c_int32),
+                      ("virtual_grid_y", ctypes.c_int32), ("virtual_grid_z", ctypes.c_int32)]
+
+
 class _PackedPrefix(ctypes.Structure):
-    _fields_ = _PACKED_FIELDS + [("tma", ctypes.c_int32)]
+    _fields_ = _PACKED_FIELDS + _MAP_PREFIX_FIELDS
 
 
 _TENSOR_MAP = ctypes.c_uint8 * MAP_BYTES
 # C aligns each TensorMap to 64 bytes; a padding field here stands for the gap before the first.
-_MAP_PADDING = -(_PackedPrefix.tma.offset + 4) % 64
+_MAP_PADDING = -ctypes.sizeof(_PackedPrefix) % 64
 
 
 class _FlashFwdParams(ParamStruct):
     """Mirror of FlashFwdParams in cu/flash_fwd_common.cuh: same fields, same order (and a
     padding field where C's alignment leaves a gap)."""
-    _fields_ = _PACKED_FIELDS + [("tma", ctypes.c_int32), ("_padding", ctypes.c_uint8 * _MAP_PADDING),
-                                 ("q_map", _TENSOR_MAP), ("k_map", _TENSOR_MAP), ("v_map", _TENSOR_MAP),
-                                 ("mask_map", _TENSOR_MAP)]
+    _fields_ = _PACKED_FIELDS + _MAP_PREFIX_FIELDS + [
+        ("_padding", ctypes.c_uint8 * _MAP_PADDING),
+        ("q_map", _TENSOR_MAP), ("k_map", _TENSOR_MAP), ("v_map", _TENSOR_MAP), ("mask_map", _TENSOR_MAP)]
 
 
 # ---- validation (host only, before any device work) ---------------------------------
@@ -200,6 +205,7 @@ class KernelPlan:
 SM90_WS_ENV = "PTXATTN_SM90_WS"
 SM90_PINGPONG_ENV = "PTXATTN_SM90_PINGPONG"
 SM90_TMA_ENV = "PTXATTN_SM90_TMA"
+SM90_PERSISTENT_ENV = "PTXATTN_SM90_PERSISTENT"
 # Head dims whose warp-specialized calls take the ping-pong twins unless PTXATTN_SM90_PINGPONG
 # says otherwise: D64 gained 18 % on the H200 (cu/flash_fwd_notes.md v5, v6), D128 16-21 % once
 # the producer's full-tile copies stopped taking the consumers' issue slots (v13), Dqk 192 / Dv 128
@@ -230,6 +236,15 @@ def sm90_tma_enabled() -> bool:
     PTXATTN_SM90_TMA=0 (read once a process) keeps the producer's cp.async copies, which give
     the same bits (for comparison: scripts/bench.py --suite prefill --sm90-cp-async)."""
     return _switch_setting(SM90_TMA_ENV) is not False
+
+
+@functools.cache
+def sm90_persistent_enabled() -> bool:
+    """Dense calls of more query blocks than SMs run the persistent twin of their ping-pong kernel
+    where it has one (persistent_twin) unless PTXATTN_SM90_PERSISTENT=0 (read once a process)
+    keeps a CTA a block, which gives the same bits (for comparison: scripts/bench.py --suite
+    prefill --sm90-no-persistent)."""
+    return _switch_setting(SM90_PERSISTENT_ENV) is not False
 
 
 @functools.cache
@@ -356,6 +371,11 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
              if params.heavy_first else None)
     params.heavy_first = int(heavy is not None)  # else light blocks first, same bits
     grid = heavy or (blocks, hq, batch)
+    persistent = persistent_twin(plan.ws_tile, maps, math.prod(grid), binding.device.sm_count)
+    if persistent is not None:
+        plan = ws_plan(persistent, dtype)
+        params.virtual_grid_x, params.virtual_grid_y, params.virtual_grid_z = grid
+        grid = (binding.device.sm_count, 1, 1)  # a CTA an SM: its shared memory leaves room for no other
     launch = binding.launch(plan.kernel, grid, (plan.threads, 1, 1), params, plan.shared)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
                         ("attn_mask", "mask"), ("sinks", "sinks")):
@@ -402,6 +422,18 @@ def heavy_first_grid(device, blocks: int, batch: int, heads: tuple[int, int], se
     pairs = batch * hq
     run = heavy_run_pairs(device.l2_bytes, blocks, pairs, seq_kv * sum(dims) * itemsize * hkv / hq)
     return run, blocks, pairs // run
+
+
+def persistent_twin(tile: Sm90Tile | None, maps, blocks: int, sm_count: int) -> Sm90Tile | None:
+    """The persistent twin (cu/flash_fwd_sm90_ws.cuh, PERSISTENT) to run in place of `tile` on a
+    dense call of `blocks` query blocks in all, its CTAs one an SM sharing the blocks out, each
+    loading its next block's Q and first K / V tiles while it finishes the one before (a short
+    block's start and end are otherwise its SM's idle time: flash_fwd_notes v41); or None: no
+    twin for the tile, no TMA maps (the twin loads by TMA alone), no more blocks than SMs, or
+    PTXATTN_SM90_PERSISTENT=0."""
+    if tile is None or maps is None or not tile.pingpong or tile.general or blocks <= sm_count:
+        return None
+    return sm90_persistent_tiles().get(tile.dim) if sm90_persistent_enabled() else None
 
 
 def tma_maps(tile: Sm90Tile | None, q, k, v) -> tuple[MapSpec, MapSpec, MapSpec] | None:
