@@ -24,7 +24,8 @@ import pytest
 import ptxattn
 from ptxattn.ops import attention
 
-from test_sdpa_gpu import BF16, F16, Case, _check, _inputs, _options, _run_device
+from test_sdpa_gpu import BF16, F16, Case, _check, _inputs, _options
+from test_sdpa_sm90_ws_gpu import case_outputs
 
 pytestmark = pytest.mark.gpu
 
@@ -42,17 +43,6 @@ CASES = [
     Case(F16, 1, 133, 7, 128, 640, 128, 128, sinks=True),                              # 133: one CTA runs two
     Case(BF16, 1, 8, 2, 4096, 4096, 128, 128, causal=True),                            # 256, 32 key tiles a head
 ]
-
-
-def _run_all(seed: int) -> dict[str, np.ndarray]:
-    """Every case's outputs (o as raw bits, lse) under this process's setting."""
-    results = {}
-    for i, case in enumerate(CASES):
-        o, lse, _ = _run_device(case, np.random.default_rng([seed, i]))
-        results[f"o{i}"] = o.view(np.uint16)
-        if lse is not None:
-            results[f"lse{i}"] = lse
-    return results
 
 
 def _runs_persistent(case: Case) -> bool:
@@ -118,4 +108,4 @@ if __name__ == "__main__":
     _, persistent = CHILDREN[sys.argv[3]]
     runs = [_runs_persistent(case) for case in CASES]
     assert runs == [persistent] * len(CASES), f"{sys.argv[3]}: persistent twin per case {runs}"
-    np.savez(sys.argv[2], **_run_all(int(sys.argv[1])))
+    np.savez(sys.argv[2], **case_outputs(CASES, int(sys.argv[1])))

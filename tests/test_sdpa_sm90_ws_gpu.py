@@ -134,14 +134,21 @@ def _ragged_options(rng, options):
     return options
 
 
-def _run_all(seed: int) -> dict[str, np.ndarray]:
-    """Every case's outputs (o as raw bits, lse) under this process's kernel choice."""
+def case_outputs(cases, seed: int) -> dict[str, np.ndarray]:
+    """Each case's outputs (o as raw bits, lse) under this process's kernel choice, case i's
+    inputs seeded by (seed, i)."""
     results = {}
-    for i, case in enumerate(CASES):
+    for i, case in enumerate(cases):
         o, lse, _ = _run_device(case, np.random.default_rng([seed, i]))
         results[f"o{i}"] = o.view(np.uint16)
         if lse is not None:
             results[f"lse{i}"] = lse
+    return results
+
+
+def _run_all(seed: int) -> dict[str, np.ndarray]:
+    """Every case's and ragged batch's outputs under this process's kernel choice."""
+    results = case_outputs(CASES, seed)
     for i, (dtype, d, options) in enumerate(RAGGED):
         rng = np.random.default_rng([seed, 1000 + i])
         q, k, v, cu_q, cu_k = _ragged_inputs(rng, dtype, d)
