@@ -126,7 +126,7 @@ SM90_COLUMNS = (
     ("pp", "sm90_pingpong", "sm90_pingpong_dims", frozenset(d for d, _ in sm90_ws_pp_tiles())),  # PTXATTN_SM90_PINGPONG=1
     ("ws", "sm90_ws", "sm90_pingpong_dims", frozenset()),                          # PTXATTN_SM90_PINGPONG=0
     ("cp_async", "sm90_cp_async", "sm90_tma_enabled", False),                      # PTXATTN_SM90_TMA=0
-    ("no_persistent", "sm90_no_persistent", "sm90_persistent_enabled", False),     # PTXATTN_SM90_PERSISTENT=0
+    ("no_persistent", "sm90_no_persistent", "sm90_persistent_setting", False),     # PTXATTN_SM90_PERSISTENT=0
 )
 
 

@@ -571,10 +571,10 @@ def masks_stage_by_tma() -> None:
 def persistent_twins_share_the_blocks_out() -> None:
     """A dense TMA call of the plain D128 ping-pong kernel with more query blocks than SMs runs its
     persistent twin: one CTA an SM (132 here), the twin's shared memory (a second Q tile), and
-    the grid the ping-pong kernel would have run in virtual_grid (causal: heavy-first runs).
-    Calls of no more blocks than SMs, without q / k / v maps (padded dims), with a mask or
-    softcap (general kernels), at other head dims, and under PTXATTN_SM90_PERSISTENT=0 keep the
-    ping-pong kernel on its own grid."""
+    the grid the ping-pong kernel would have run in virtual_grid. Calls of no more blocks than
+    SMs, without q / k / v maps (padded dims), with a mask or softcap (general kernels), at other
+    head dims, and under PTXATTN_SM90_PERSISTENT=0 keep the ping-pong kernel on its own grid, as
+    do causal calls of 16 query blocks a head or more (heavy-first runs) unless =1."""
     from ptxattn.ops import attention
     from ptxattn.variants import sm90_persistent_tiles, sm90_ws_pp_tiles
 
@@ -596,11 +596,18 @@ def persistent_twins_share_the_blocks_out() -> None:
     long = launch(4, 32, 4096)
     assert long.name.endswith("_persistent") and virtual_grid(long) == (32, 32, 4) and long.grid == (132, 1, 1)
     assert launch(4, 32, 4096, dtype=np.float16).name == "flash_fwd_sm90_f16_d128_ws_pp_persistent"
+    assert launch(4, 32, 1920, causal=True).name.endswith("_persistent")  # 15 query blocks a head
+    long_causal = launch(4, 32, 2048, causal=True)  # 16: runs of pairs
+    assert long_causal.name == pp.kernel("bf16") and long_causal.grid == (16, 16, 8), long_causal.grid
     for name, kept in (("132 blocks", launch(1, 33, 512)), ("padded dims", launch(32, 16, 512, d=96)),
                        ("softcap", launch(32, 16, 512, softcap=30.0)), ("D64", launch(32, 16, 512, d=64))):
         assert not kept.name.endswith("_persistent") and kept.grid != (132, 1, 1), (name, kept.name, kept.grid)
     assert virtual_grid(launch(1, 33, 512)) == (0, 0, 0)
-    attention.sm90_persistent_enabled = lambda: False  # as PTXATTN_SM90_PERSISTENT=0 reads
+    attention.sm90_persistent_setting = lambda: True  # as PTXATTN_SM90_PERSISTENT=1 reads
+    prepared.clear_bindings()
+    forced = launch(4, 32, 2048, causal=True)
+    assert forced.name.endswith("_persistent") and virtual_grid(forced) == (16, 16, 8), forced.name
+    attention.sm90_persistent_setting = lambda: False  # as PTXATTN_SM90_PERSISTENT=0 reads
     prepared.clear_bindings()
     off = launch(32, 16, 512, causal=True)
     assert off.name == pp.kernel("bf16") and off.grid == (1, 4, 512) and off.shared == pp.shared_bytes, off.name

@@ -1,7 +1,8 @@
 """The persistent twin of the plain D128 ping-pong kernel (cu/flash_fwd_sm90_ws.cuh, PERSISTENT:
 a CTA an SM running block after block, loading the next block's Q and K / V while it finishes
 one) against the float64 reference and, bit for bit, against the ping-pong kernel it stands in
-for (PTXATTN_SM90_PERSISTENT=0), on calls of more query blocks than SMs: causal in both
+for (PTXATTN_SM90_PERSISTENT=0), on calls of more query blocks than SMs, each run on the twin
+(PTXATTN_SM90_PERSISTENT=1, also where by default it is not: long causal rows): causal in both
 alignments (heavy-first runs of one pair and of many), non-causal, GQA, a window and rows with
 no key (blocks with no key tile), sinks, with and without LSE, f16 and bf16; a CTA runs from one
 block more than another to ~16, so the snake's partial last round, the K / V ring's and both Q
@@ -30,19 +31,22 @@ from test_sdpa_sm90_ws_gpu import case_outputs
 pytestmark = pytest.mark.gpu
 
 # A child process a setting: its environment, and whether its calls run the persistent twin.
-CHILDREN = {"persistent": ({}, True), "one_block_a_cta": ({attention.SM90_PERSISTENT_ENV: "0"}, False)}
+CHILDREN = {"persistent": ({attention.SM90_PERSISTENT_ENV: "1"}, True),
+            "one_block_a_cta": ({attention.SM90_PERSISTENT_ENV: "0"}, False)}
 CHILD_TIMEOUT_S = 300  # a cold driver JIT cache costs a child ~35 s of the sm_90a PTX
 
 CASES = [
     Case(BF16, 32, 16, 16, 512, 512, 128, 128, causal=True),                          # 2048 blocks, runs of one pair
     Case(F16, 4, 16, 4, 1100, 1100, 128, 128, causal=True, sinks=True),                # 576, a cut last block
-    Case(BF16, 2, 8, 8, 2100, 2100, 128, 128, causal=True, lse=False),                 # 272, runs of many pairs
+    Case(BF16, 2, 8, 8, 2100, 2100, 128, 128, causal=True, lse=False),                 # 272, runs of many pairs*
     Case(F16, 2, 16, 2, 1500, 700, 128, 128, causal=True, align="bottom_right"),       # 384, blocks with no key
     Case(BF16, 1, 64, 8, 1000, 1000, 128, 128, window=(100, 20), sinks=True),          # 512, the window cuts both ends
     Case(BF16, 2, 40, 8, 257, 3000, 128, 128),                                         # 240, long rows of keys
     Case(F16, 1, 133, 7, 128, 640, 128, 128, sinks=True),                              # 133: one CTA runs two
-    Case(BF16, 1, 8, 2, 4096, 4096, 128, 128, causal=True),                            # 256, 32 key tiles a head
+    Case(BF16, 1, 8, 2, 4096, 4096, 128, 128, causal=True),                            # 256, 32 key tiles a head*
 ]
+# *: causal heads of MIN_RUN_BLOCKS query blocks or more, which by default keep a CTA a block.
+RUN_BY_DEFAULT = [True, True, False, True, True, True, True, False]
 
 
 def _runs_persistent(case: Case) -> bool:
@@ -82,13 +86,13 @@ def children(seed, tmp_path_factory):
     return seed, results
 
 
-def test_every_case_has_more_blocks_than_sms_and_runs_the_twin(seed):
-    """What the comparison stands on: by default each case runs the persistent twin (the
-    one_block_a_cta child checks that it does not)."""
+def test_every_case_has_more_blocks_than_sms_and_the_default_runs_the_twin_where_it_pays(seed):
+    """Each case can run the twin (more blocks than SMs; the children check which kernel they
+    run), and by default runs it but for causal heads of many query blocks."""
     sms = ptxattn.get_device(0).sm_count
     for case in CASES:
         assert -(-case.sq // 128) * case.hq * case.batch > sms, case
-        assert _runs_persistent(case), case
+    assert [_runs_persistent(case) for case in CASES] == RUN_BY_DEFAULT
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[str(c) for c in CASES])

@@ -239,12 +239,12 @@ def sm90_tma_enabled() -> bool:
 
 
 @functools.cache
-def sm90_persistent_enabled() -> bool:
-    """Dense calls of more query blocks than SMs run the persistent twin of their ping-pong kernel
-    where it has one (persistent_twin) unless PTXATTN_SM90_PERSISTENT=0 (read once a process)
-    keeps a CTA a block, which gives the same bits (for comparison: scripts/bench.py --suite
-    prefill --sm90-no-persistent)."""
-    return _switch_setting(SM90_PERSISTENT_ENV) is not False
+def sm90_persistent_setting() -> bool | None:
+    """Which dense calls run the persistent twin of their ping-pong kernel (persistent_twin): None
+    (PTXATTN_SM90_PERSISTENT unset) where it pays, True (=1) every call it can serve, False (=0)
+    none, a CTA a block, which gives the same bits (read once a process; for comparison:
+    scripts/bench.py --suite prefill --sm90-no-persistent)."""
+    return _switch_setting(SM90_PERSISTENT_ENV)
 
 
 @functools.cache
@@ -371,7 +371,8 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
              if params.heavy_first else None)
     params.heavy_first = int(heavy is not None)  # else light blocks first, same bits
     grid = heavy or (blocks, hq, batch)
-    persistent = persistent_twin(plan.ws_tile, maps, math.prod(grid), binding.device.sm_count)
+    persistent = persistent_twin(plan.ws_tile, maps, grid, heavy is not None and blocks >= MIN_RUN_BLOCKS,
+                                 binding.device.sm_count)
     if persistent is not None:
         plan = ws_plan(persistent, dtype)
         params.virtual_grid_x, params.virtual_grid_y, params.virtual_grid_z = grid
@@ -424,16 +425,21 @@ def heavy_first_grid(device, blocks: int, batch: int, heads: tuple[int, int], se
     return run, blocks, pairs // run
 
 
-def persistent_twin(tile: Sm90Tile | None, maps, blocks: int, sm_count: int) -> Sm90Tile | None:
+def persistent_twin(tile: Sm90Tile | None, maps, grid: tuple[int, int, int], unequal: bool,
+                    sm_count: int) -> Sm90Tile | None:
     """The persistent twin (cu/flash_fwd_sm90_ws.cuh, PERSISTENT) to run in place of `tile` on a
-    dense call of `blocks` query blocks in all, its CTAs one an SM sharing the blocks out, each
-    loading its next block's Q and first K / V tiles while it finishes the one before (a short
-    block's start and end are otherwise its SM's idle time: flash_fwd_notes v41); or None: no
-    twin for the tile, no TMA maps (the twin loads by TMA alone), no more blocks than SMs, or
-    PTXATTN_SM90_PERSISTENT=0."""
-    if tile is None or maps is None or not tile.pingpong or tile.general or blocks <= sm_count:
+    dense call's `grid`, its CTAs one an SM dealing the blocks out among them, each loading its
+    next block's Q and first K / V tiles while it finishes the one before (a short block's start
+    and end are otherwise its SM's idle time); or None: no twin for the tile, no TMA maps (the
+    twin loads by TMA alone), no more blocks than SMs, PTXATTN_SM90_PERSISTENT=0, or (unset)
+    `unequal` blocks: a causal grid whose heads have MIN_RUN_BLOCKS query blocks or more, where
+    blocks differ up to 16-fold and more in work and the CTAs' fixed deal lost 7-28 % to the
+    hardware's dealing of a block a CTA (cu/flash_fwd_notes.md v41)."""
+    setting = sm90_persistent_setting()
+    if (tile is None or maps is None or not tile.pingpong or tile.general or math.prod(grid) <= sm_count
+            or setting is False or (unequal and setting is None)):
         return None
-    return sm90_persistent_tiles().get(tile.dim) if sm90_persistent_enabled() else None
+    return sm90_persistent_tiles().get(tile.dim)
 
 
 def tma_maps(tile: Sm90Tile | None, q, k, v) -> tuple[MapSpec, MapSpec, MapSpec] | None:
