@@ -273,7 +273,7 @@ def sm90_staged_mask_tiles() -> Mapping[tuple[int, bool], Sm90Tile]:
 def sm90_persistent_tiles() -> Mapping[int, Sm90Tile]:
     """The persistent twins of plain warp-specialized ping-pong tiles by dim: ops/attention.py
     runs one in place of its ping-pong tile for dense TMA calls of more blocks than SMs
-    (persistent_grid)."""
+    (persistent_twin)."""
     return MappingProxyType({t.dim: t for t in _sm90_tiles(fp8=False, ws=True, pingpong=True, persistent=True)})
 
 
