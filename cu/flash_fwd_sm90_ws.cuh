@@ -87,7 +87,8 @@
 //   wait on my named barrier (bar.sync id(g), 256); issue; arrive on the next consumer's
 //   (bar.arrive id(next(g)), 256), next(g) = g % GROUPS + 1
 // with id(g) = Tile::PP_BAR0 + g - 1 (ids 1 .. GROUPS: id 0 is __syncthreads'; the only other
-// named barriers are the epilogue's, STORE_BAR0 + g - 1, one warpgroup's 128 threads each),
+// named barriers are the epilogue's, STORE_BAR0 + g - 1, one warpgroup's 128 threads each, which
+// a persistent twin's consumer also waits on as each of its blocks starts),
 // so the issue order is c1(t0), c2(t0), .., c1(t0+1), c2(t0+1), ..
 // Consumer 1 skips the wait of its first turn and the last consumer the arrival of its last:
 // each barrier then sees exactly as many bar.sync warpgroups as bar.arrive ones (barrier 1:
@@ -108,6 +109,27 @@
 // tile_begin needs no release, and consumer 1 does not wait in it.) After the last turn
 // nothing waits.
 // Ping-pong moves no arithmetic: outputs stay bit-identical to the plain WS kernel's.
+//
+// Persistent twins (PERSISTENT, the "_persistent" kernels: plain D128 ping-pong, dense TMA calls;
+// flash_fwd_notes v41, v43): gridDim.x CTAs, one an SM, run the blocks of the grid the kernel
+// would otherwise be launched on (p.virtual_grid), each CTA those persistent_block deals it, one
+// after another, with the same per-block steps as above. Two Q tiles: the CTA's i-th block's Q
+// goes to Q tile i % 2, so the next block's Q loads while this one runs. Each consumer finds its
+// blocks' rows itself (a dense call's rows follow from the block's index): its first thread
+// writes block i + 1's into the consumer's own slot (i + 1) % 2 just after the consumer's barrier
+// of block i, which every thread of it passes after its last read of block i - 1's slot, and
+// block i + 1's barrier publishes them. So no data passes between warpgroups by mbarrier alone
+// (compute-sanitizer's racecheck does not order generic accesses by mbarrier waits). The
+// consumers stage a block's output rows in its Q tile as above, then every consumer warp
+// arrives on the tile's empty barrier (after a fence.proxy.async, as TMA writes it next), which
+// thread 0 waits on before loading block i + 2 there. Every block's Q is loaded, one with no key
+// tile too, so the Q tiles' phases stay in step. The K / V ring runs on from block to block
+// (KeyRing counts the CTA's tiles), and so do the turns: the last consumer also arrives after
+// each block's last turn, consumer 1 waits in each block's first turn but the CTA's first, and
+// it takes the last arrival after the CTA's last block, so every named barrier sees as many
+// bar.sync warpgroups as bar.arrive ones. The deadlock argument above holds across blocks, the
+// turns being numbered on through the CTA's blocks (a consumer's own barrier waits only on its
+// own warps). Same bits as the non-persistent kernel.
 #pragma once
 
 namespace ptxattn {
@@ -390,7 +412,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   // Stage s's mask tile, after the ring (STAGED_MASK: the host launched with room for them).
   auto mask_addr = [&](int stage) { return k_addr(STAGES) + stage * Tile::MASK_STAGE_BYTES; };
 
-  __shared__ SeqTile tile_info[Q_BUFS];  // the block whose Q is in Q tile buf
+  __shared__ SeqTile tile_info[1];  // the block's rows (a persistent twin's first block)
   __shared__ int tile_found;
   // Q full, then K full, V full, K empty, V empty: STAGES each; then (persistent twins) Q tile 1's
   // full barrier and both Q tiles' empty ones.
@@ -491,16 +513,14 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
           tma_tiles(m0, h, st.b(), KeyRing<STAGES>{tile_begin, 0}, EARLY == 0, tile_begin + EARLY, tile_end);
         if constexpr (PERSISTENT) {
           // The CTA's later blocks: block i's Q into Q tile i % 2 once the consumers have freed
-          // it of block i - 2 (its (i / 2 - 1)-th release), its rows into tile_info[i % 2] (the
-          // arrival on the Q tile's full barrier publishes them: release, and the consumers'
-          // wait acquires), then its key tiles round the ring after the earlier blocks'.
+          // it of block i - 2 (its (i / 2 - 1)-th release), then its key tiles round the ring
+          // after the earlier blocks'.
           int before = tile_end - tile_begin;
           for (int i = 1, block = persistent_block(1); block < virtual_blocks(p); block = persistent_block(++i)) {
             const int buf = i & 1;
             if (i >= 2) mbar_wait(q_empty(buf), static_cast<unsigned>((i >> 1) - 1) & 1u);
             SeqTile t;
             virtual_tile<ROWS>(p, t, block);
-            tile_info[buf] = t;
             int begin, end;
             key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
                                  min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
@@ -745,16 +765,26 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     if constexpr (!PERSISTENT) {
       consume_block(st, m0, tile_begin, tile_end, KeyRing<STAGES>{tile_begin, 0}, 0, 0u, true, true);
     } else {
-      // Block i's Q and rows wait in Q tile i % 2 (its (i / 2)-th fill); once its rows are
-      // stored, every warp frees the tile (its generic reads and writes of it ordered before the
-      // producer's next TMA write there). The last consumer arrives after every block's last
-      // turn, and consumer 1 takes the CTA's last arrival after its last block.
+      // Block i's Q waits in Q tile i % 2 (its (i / 2)-th fill), its rows in this consumer's slot
+      // i % 2, written by the consumer's first thread after its barrier of block i - 1 (block 0's
+      // before the loop) and published by its barrier of block i. Once the rows are stored, every
+      // warp frees the Q tile (its generic reads and writes of it ordered before the producer's
+      // next TMA write there). The last consumer arrives after every block's last turn, and
+      // consumer 1 takes the CTA's last arrival after its last block.
+      __shared__ SeqTile group_tiles[Tile::CONSUMERS][2];
+      SeqTile(&slots)[2] = group_tiles[role - 1];
+      const bool first_thread = (threadIdx.x & 127) == 0;
+      if (first_thread) virtual_tile<ROWS>(p, slots[0], blockIdx.x);
       int before = 0;  // the key tiles of the blocks run so far: a turn was taken once there are any
-      for (int i = 0, block = blockIdx.x; block < virtual_blocks(p); block = persistent_block(++i)) {
+      for (int i = 0, block = blockIdx.x; block < virtual_blocks(p);) {
         const int buf = i & 1;
         const unsigned q_parity = static_cast<unsigned>(i >> 1) & 1u;
+        named_bar_sync(Tile::STORE_BAR0 + role - 1, 128);
+        const int next = persistent_block(++i);
+        if (first_thread && next < virtual_blocks(p)) virtual_tile<ROWS>(p, slots[buf ^ 1], next);
+        block = next;
         mbar_wait(q_full(buf), q_parity);
-        const TileRef bt{tile_info[buf]};
+        const TileRef bt{slots[buf]};
         const int b_m0 = bt.m0();
         int begin, end;
         key_tile_range<KEYS>(bt.seq_kv(), bt.window(p), b_m0, min(b_m0 + ROWS, bt.seq_q()) - 1, begin, end);
