@@ -45,8 +45,9 @@ CASES = [
     Case(F16, 1, 133, 7, 128, 640, 128, 128, sinks=True),                              # 133: one CTA runs two
     Case(BF16, 1, 8, 2, 4096, 4096, 128, 128, causal=True),                            # 256, 32 key tiles a head*
 ]
-# *: causal heads of MIN_RUN_BLOCKS query blocks or more, which by default keep a CTA a block.
-RUN_BY_DEFAULT = [True, True, False, True, True, True, True, False]
+# *: causal heads of MIN_RUN_BLOCKS query blocks or more, which by default keep a CTA a block, as
+# do causal heads of fewer than 8 (PERSISTENT_CAUSAL_BLOCKS: the first case's 4).
+RUN_BY_DEFAULT = [False, True, False, True, True, True, True, False]
 
 
 def _runs_persistent(case: Case) -> bool:

@@ -371,8 +371,8 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
              if params.heavy_first else None)
     params.heavy_first = int(heavy is not None)  # else light blocks first, same bits
     grid = heavy or (blocks, hq, batch)
-    persistent = persistent_twin(plan.ws_tile, maps, grid, heavy is not None and blocks >= MIN_RUN_BLOCKS,
-                                 binding.device.sm_count)
+    pays = heavy is None or PERSISTENT_CAUSAL_BLOCKS[0] <= blocks < PERSISTENT_CAUSAL_BLOCKS[1]
+    persistent = persistent_twin(plan.ws_tile, maps, grid, pays, binding.device.sm_count)
     if persistent is not None:
         plan = ws_plan(persistent, dtype)
         params.virtual_grid_x, params.virtual_grid_y, params.virtual_grid_z = grid
@@ -396,6 +396,11 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
 # (runs of one pair). cu/flash_fwd_notes.md v38.
 HEAVY_RUN_L2_SHARE = 0.5
 MIN_RUN_BLOCKS = 16
+# The causal heads whose calls run the persistent twin by default: [8, 16) query blocks a head.
+# Measured against a CTA a block (cu/flash_fwd_notes.md v41-v43): 8 blocks (S1024) gained 6 %, 4
+# (S512) lost 1.5 %; from MIN_RUN_BLOCKS up, blocks differ 16-fold and more in work and the
+# twin's fixed deal lost 1-28 % to the hardware's dealing of a block a CTA.
+PERSISTENT_CAUSAL_BLOCKS = (8, MIN_RUN_BLOCKS)
 
 
 def heavy_run_pairs(l2_bytes: int, blocks: int, pairs: int, kv_bytes_per_pair: float) -> int:
@@ -425,19 +430,17 @@ def heavy_first_grid(device, blocks: int, batch: int, heads: tuple[int, int], se
     return run, blocks, pairs // run
 
 
-def persistent_twin(tile: Sm90Tile | None, maps, grid: tuple[int, int, int], unequal: bool,
+def persistent_twin(tile: Sm90Tile | None, maps, grid: tuple[int, int, int], pays: bool,
                     sm_count: int) -> Sm90Tile | None:
     """The persistent twin (cu/flash_fwd_sm90_ws.cuh, PERSISTENT) to run in place of `tile` on a
     dense call's `grid`, its CTAs one an SM dealing the blocks out among them, each loading its
     next block's Q and first K / V tiles while it finishes the one before (a short block's start
     and end are otherwise its SM's idle time); or None: no twin for the tile, no TMA maps (the
     twin loads by TMA alone), no more blocks than SMs, PTXATTN_SM90_PERSISTENT=0, or (unset)
-    `unequal` blocks: a causal grid whose heads have MIN_RUN_BLOCKS query blocks or more, where
-    blocks differ up to 16-fold and more in work and the CTAs' fixed deal lost 7-28 % to the
-    hardware's dealing of a block a CTA (cu/flash_fwd_notes.md v41)."""
+    where it does not `pays`: causal heads outside PERSISTENT_CAUSAL_BLOCKS."""
     setting = sm90_persistent_setting()
     if (tile is None or maps is None or not tile.pingpong or tile.general or math.prod(grid) <= sm_count
-            or setting is False or (unequal and setting is None)):
+            or setting is False or (not pays and setting is None)):
         return None
     return sm90_persistent_tiles().get(tile.dim)
 
