@@ -2,7 +2,8 @@
 a CTA an SM running block after block, loading the next block's Q and K / V while it finishes
 one) against the float64 reference and, bit for bit, against the ping-pong kernel it stands in
 for (PTXATTN_SM90_PERSISTENT=0), on calls of more query blocks than SMs, each run on the twin
-(PTXATTN_SM90_PERSISTENT=1, also where by default it is not: long causal rows): causal in both
+(PTXATTN_SM90_PERSISTENT=1, also where by default it is not: causal heads of fewer than 8 or of
+16 and more query blocks): causal in both
 alignments (heavy-first runs of one pair and of many), non-causal, GQA, a window and rows with
 no key (blocks with no key tile), sinks, with and without LSE, f16 and bf16; a CTA runs from one
 block more than another to ~16, so the snake's partial last round, the K / V ring's and both Q
