@@ -449,6 +449,11 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       tma_tile<T, KEYS, DV>(v_addr(stage), p.v_map, t * KEYS, hk, b, v_full(stage));
     }
   };
+  // The key tiles [begin, end) of the block whose rows a producer thread found (t, in registers).
+  auto block_key_tiles = [&](const SeqTile& t, int& begin, int& end) {
+    key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
+                         min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
+  };
   if constexpr (PERSISTENT) {
     // Each consumer warp frees a Q tile once its block's rows are stored; only generic arrivals
     // and waits use these (no fence for the async proxy), which the __syncthreads below publishes.
@@ -483,8 +488,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       else
         dense_tile<ROWS>(p, t);
       int begin, end;
-      key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
-                           min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
+      block_key_tiles(t, begin, end);
       if (PERSISTENT || begin < end)  // a persistent twin's consumers wait for every block's Q
         tma_tiles(t.m0, t.h, t.b, KeyRing<STAGES>{begin, 0}, true, begin, min(end, begin + STAGES));
     }
@@ -522,8 +526,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
             SeqTile t;
             virtual_tile<ROWS>(p, t, block);
             int begin, end;
-            key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
-                                 min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
+            block_key_tiles(t, begin, end);
             tma_tile<T, ROWS, DQK>(q_addr(buf), p.q_map, t.m0, t.h, t.b, q_full(buf));
             tma_tiles(t.m0, t.h, t.b, KeyRing<STAGES>{begin, before}, false, begin, end);
             before += end - begin;
