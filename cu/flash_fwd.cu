@@ -125,15 +125,15 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
   }
 
   if (row >= seq_q) return;
-  const RowResult res = finish_row(p, h, row_max, row_sum);
+  const float inv = row_inverse(p, h, row_max, row_sum);
   float* go = static_cast<float*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
               (st.q_tok0 + row) * p.o_seq_stride;
 #pragma unroll
   for (int c = 0; c < F32_MAX_DV / 32; ++c) {
     const int d = lane + 32 * c;
-    if (d < p.dim_v) go[d] = res.inv == 0.f ? 0.f : acc[c] * res.inv;
+    if (d < p.dim_v) go[d] = inv == 0.f ? 0.f : acc[c] * inv;
   }
-  if (p.lse != nullptr && lane == 0) store_lse(p, b, st.q_tok0, h, row, res.lse);
+  if (p.lse != nullptr && lane == 0) store_lse(p, b, st.q_tok0, h, row, row_lse(row_max, row_sum));
 }
 
 }  // namespace ptxattn

@@ -526,15 +526,15 @@ __device__ __forceinline__ float2 normalised_pair(const float (&o)[N], int j, in
 }
 
 // This thread's row `row` (my_row or my_row + 8) finished: the quad's partial sums reduced (fixed
-// xor order; every lane takes part), normalised and its LSE stored; a zero result for a row
-// past seq_q, which stores nothing. b, q_tok0 and seq_q are the tile's, read once by the caller.
-__device__ __forceinline__ RowResult finish_my_row(const FlashFwdParams& p, int b, long long q_tok0, int seq_q, int h,
-                                                   float row_max, float row_sum, int row, int lane) {
+// xor order; every lane takes part), its LSE stored, and the factor that normalises it returned;
+// 0 for a row past seq_q, which stores nothing. b, q_tok0 and seq_q are the tile's, read once by
+// the caller.
+__device__ __forceinline__ float finish_my_row(const FlashFwdParams& p, int b, long long q_tok0, int seq_q, int h,
+                                               float row_max, float row_sum, int row, int lane) {
   const float sum = quad_sum(row_sum);
-  if (row >= seq_q) return RowResult{0.f, 0.f};
-  const RowResult res = finish_row(p, h, row_max, sum);
-  if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
-  return res;
+  if (row >= seq_q) return 0.f;
+  if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, row_lse(row_max, sum));
+  return row_inverse(p, h, row_max, sum);
 }
 
 // Finish where 16-byte output stores are not safe (the plan's vector_io is 0: an output off 16
@@ -549,13 +549,13 @@ __device__ __forceinline__ void store_rows_unaligned(const FlashFwdParams& p, co
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = my_row + 8 * r;
-    const RowResult res = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], row, lane);
+    const float inv = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], row, lane);
     if (row >= seq_q) continue;
     unsigned short* go16 = reinterpret_cast<unsigned short*>(static_cast<T*>(p.o) + b * p.o_batch_stride +
                                                               h * p.o_head_stride + (q_tok0 + row) * p.o_seq_stride);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      const float2 x = normalised_pair(o, j, r, res.inv);
+      const float2 x = normalised_pair(o, j, r, inv);
       const int col = j * 8 + 2 * (lane & 3);
       const unsigned pair = pack2<T>(x.x, x.y);
       if (col < p.dim_v) go16[col] = static_cast<unsigned short>(pair);
@@ -582,10 +582,10 @@ __device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = my_row + 8 * r;
-    const RowResult res = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], row, lane);
+    const float inv = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], row, lane);
 #pragma unroll
     for (int j = 0; j < DV / 8; ++j) {
-      const float2 x = normalised_pair(o, j, r, res.inv);
+      const float2 x = normalised_pair(o, j, r, inv);
       st_shared_4(q_group + sw128_offset<Tile::ROWS>(row - group_row0, j) + 4 * (lane & 3), pack2<T>(x.x, x.y));
     }
   }

@@ -365,14 +365,14 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
       const float sum = quad_sum(row_sum[mt][r]);
       const int row = my_row + 16 * mt + 8 * r;
       if (row >= seq_q) continue;
-      const RowResult res = finish_row(p, h, row_max[mt][r], sum);
+      const float inv = row_inverse(p, h, row_max[mt][r], sum);
       T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
               (q_tok0 + row) * p.o_seq_stride;
 #pragma unroll
       for (int d = 0; d < OTILES; ++d) {
         const int col = d * 8 + 2 * (lane & 3);
-        const float lo = res.inv == 0.f ? 0.f : acc[mt][d][2 * r] * res.inv;
-        const float hi = res.inv == 0.f ? 0.f : acc[mt][d][2 * r + 1] * res.inv;
+        const float lo = inv == 0.f ? 0.f : acc[mt][d][2 * r] * inv;
+        const float hi = inv == 0.f ? 0.f : acc[mt][d][2 * r + 1] * inv;
         if (vector_io && col + 1 < p.dim_v) {
           *reinterpret_cast<unsigned*>(go + col) = pack2<T>(lo, hi);
         } else {
@@ -380,7 +380,7 @@ __device__ __forceinline__ void flash_fwd_tc(const FlashFwdParams& p) {
           if (col + 1 < p.dim_v) go[col + 1] = from_float<T>(hi);
         }
       }
-      if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, res.lse);
+      if (p.lse != nullptr && (lane & 3) == 0) store_lse(p, b, q_tok0, h, row, row_lse(row_max[mt][r], sum));
     }
 }
 
