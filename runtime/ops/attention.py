@@ -371,7 +371,11 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
              if params.heavy_first else None)
     params.heavy_first = int(heavy is not None)  # else light blocks first, same bits
     grid = heavy or (blocks, hq, batch)
-    pays = heavy is None or PERSISTENT_CAUSAL_BLOCKS[0] <= blocks < PERSISTENT_CAUSAL_BLOCKS[1]
+    # No heavy-first grid: no bounded right edge, so the blocks are alike in work and the twin pays
+    # at any count of them (or past MAX_GRID_YZ blocks a head); else only within
+    # PERSISTENT_CAUSAL_BLOCKS.
+    alike = heavy is None
+    pays = alike or PERSISTENT_CAUSAL_BLOCKS[0] <= blocks < PERSISTENT_CAUSAL_BLOCKS[1]
     persistent = persistent_twin(plan.ws_tile, maps, grid, pays, binding.device.sm_count)
     if persistent is not None:
         plan = ws_plan(persistent, dtype)
@@ -436,8 +440,8 @@ def persistent_twin(tile: Sm90Tile | None, maps, grid: tuple[int, int, int], pay
     dense call's `grid`, its CTAs one an SM dealing the blocks out among them, each loading its
     next block's Q and first K / V tiles while it finishes the one before (a short block's start
     and end are otherwise its SM's idle time); or None: no twin for the tile, no TMA maps (the
-    twin loads by TMA alone), no more blocks than SMs, PTXATTN_SM90_PERSISTENT=0, or (unset)
-    where it does not `pays`: causal heads outside PERSISTENT_CAUSAL_BLOCKS."""
+    twin loads by TMA alone), no more blocks than SMs, PTXATTN_SM90_PERSISTENT=0, or (unset) a
+    call where the twin does not pay (`pays` false: causal heads outside PERSISTENT_CAUSAL_BLOCKS)."""
     setting = sm90_persistent_setting()
     if (tile is None or maps is None or not tile.pingpong or tile.general or math.prod(grid) <= sm_count
             or setting is False or (not pays and setting is None)):
