@@ -449,7 +449,11 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       tma_tile<T, KEYS, DV>(v_addr(stage), p.v_map, t * KEYS, hk, b, v_full(stage));
     }
   };
-  // The key tiles [begin, end) of the block whose rows a producer thread found (t, in registers).
+  // The key tiles [begin, end) of the block at m0 whose rows `st` holds (in shared memory), and of
+  // the block whose rows a producer thread found (t, in registers).
+  auto tile_range = [&](const TileRef& st, int m0, int& begin, int& end) {
+    key_tile_range<KEYS>(st.seq_kv(), st.window(p), m0, min(m0 + ROWS, st.seq_q()) - 1, begin, end);
+  };
   auto block_key_tiles = [&](const SeqTile& t, int& begin, int& end) {
     key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
                          min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
@@ -503,7 +507,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   const int m0 = st.m0();
 
   int tile_begin, tile_end;
-  key_tile_range<KEYS>(st.seq_kv(), st.window(p), m0, min(m0 + ROWS, st.seq_q()) - 1, tile_begin, tile_end);
+  tile_range(st, m0, tile_begin, tile_end);
 
   const int role = __shfl_sync(0xffffffffu, threadIdx.x / 128, 0);  // warp-uniform to the compiler
   if (role == 0) {
@@ -790,7 +794,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         const TileRef bt{slots[buf]};
         const int b_m0 = bt.m0();
         int begin, end;
-        key_tile_range<KEYS>(bt.seq_kv(), bt.window(p), b_m0, min(b_m0 + ROWS, bt.seq_q()) - 1, begin, end);
+        tile_range(bt, b_m0, begin, end);
         consume_block(bt, b_m0, begin, end, KeyRing<STAGES>{begin, before}, buf, q_parity, before == 0, false);
         before += end - begin;
         fence_proxy_async();
