@@ -8,6 +8,8 @@ e4m3 one with per-token scales, with bench.py's random data.
         -o ours_s512c python3 scripts/ncu_probe.py prefill ours 32 16 512 --causal
     ncu --set full -k 'regex:(?i)sdpa|fprop' --launch-skip 2 --launch-count 1 \\
         -o cudnn_s512c python3 scripts/ncu_probe.py prefill cudnn 32 16 512 --causal
+    ncu -i ours_s512c.ncu-rep --page source --csv --print-source sass > ours_s512c.csv
+        # a row a SASS instruction: executions and stall samples by reason (flash_fwd_notes v47)
     ncu --set full --import-source yes -k regex:decode_split --launch-skip 2 --launch-count 1 \\
         -o e4m3_b64 python3 scripts/ncu_probe.py decode e4m3 64 8192
 """
