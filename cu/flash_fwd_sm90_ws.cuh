@@ -52,10 +52,11 @@
 //                        issue O += P(t-1) V(t-1); wait S; release K(t); softmax(t) (alpha kept);
 //                        wait O; release V(t-1); O *= alpha; P(t)
 //   O += P(e-1) V(e-1); wait; release V(e-1)
-// In the ping-pong kernels with 128-key tiles (Tile::NARROW_LAST), a warpgroup whose rows see no
-// key of its last tile's second half (the causal diagonal's upper 64 rows, or a sequence's end)
-// scores, softmaxes and multiplies by V only that tile's first 64 keys (unless it is also its
-// first: then only P V narrows). The keys left out would weigh exactly 0: same bits.
+// In the ping-pong kernels with 128-key tiles (Tile::NARROW_LAST; not their persistent twins), a
+// warpgroup whose rows see no key of its last tile's second half (the causal diagonal's upper 64
+// rows, or a sequence's end) scores, softmaxes and multiplies by V only that tile's first 64 keys
+// (unless it is also its first: then only P V narrows). The keys left out would weigh exactly 0:
+// same bits.
 // ptxas moves "wait O" above the softmax (P(t)'s packing then starts beside the exponentials),
 // so the softmax overlaps only the other consumers' wgmmas. With Tile::SOFTMAX_BESIDE_OWN_PV
 // (Dv 256) it overlaps the warpgroup's own P V too: wait_after_softmax keeps "wait O" after
@@ -168,9 +169,9 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static constexpr bool SOFTMAX_BESIDE_OWN_PV = DV_ == 256;
   // Whether a plain kernel's consumer takes its last tile's first half alone where its rows see
   // no key of the second (the causal diagonal's upper rows; see the key loop): the ping-pong
-  // kernels' (WsPingPongTile) with 128-key tiles, where a half is a whole m64n64 wgmma and four
-  // k16 steps of P V. In the D64 and 192 / 128 kernels without ping-pong ptxas then serialized
-  // the wgmmas (C7511: too few registers for their pipeline).
+  // kernels' (WsPingPongTile) with 128-key tiles but their persistent twins, where a half is a
+  // whole m64n64 wgmma and four k16 steps of P V. In the D64 and 192 / 128 kernels without
+  // ping-pong ptxas then serialized the wgmmas (C7511: too few registers for their pipeline).
   static constexpr bool NARROW_LAST = false;
   // Named barriers (0 is __syncthreads'): consumer g's ping-pong turns (WsPingPongTile) are
   // PP_BAR0 + g - 1, its epilogue's (store_rows_staged) STORE_BAR0 + g - 1.
@@ -514,7 +515,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     // ---- producer ----
     setmaxnreg_dec<Tile::PRODUCER_REGS>();
     const int h = st.h();
-    if (p.tma) {
+    if (PERSISTENT || p.tma) {  // a twin always runs with tma 1: no cp.async producer in it
       constexpr int EARLY = Tile::CONSUMERS == 2 ? STAGES : 0;  // the tiles warp 1 issued, with Q
       if (threadIdx.x == 0) {
         if (tile_begin + EARLY < tile_end)
@@ -602,7 +603,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       auto k_landed = [&](int t) { mbar_wait(k_full(stage_of(t)), parity_of(t)); };
       auto v_landed = [&](int t) { mbar_wait(v_full(stage_of(t)), parity_of(t)); };
       auto fence_copies = [&] {
-        if (!p.tma) fence_proxy_async();
+        if (!PERSISTENT && !p.tma) fence_proxy_async();
       };
       auto wait_k = [&](int t) {
         k_landed(t);
@@ -669,7 +670,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         // of its last tile's second half (the causal diagonal's upper 64 rows, or a sequence's
         // end, cut them all), S, the softmax and P V take the first KEYS / 2 keys only. The keys
         // left out would score -inf and weigh exactly 0, so the sums and bits are the same.
-        constexpr bool NARROWS = Tile::NARROW_LAST && !GENERAL;  // this kernel has the narrow steps
+        // Not in the twins: their short blocks ran 16 % faster without the narrow steps (S512
+        // causal; SASS 7,032 -> 5,536, less code fetched a block: flash_fwd_notes v50, v47).
+        constexpr bool NARROWS = Tile::NARROW_LAST && !GENERAL && !PERSISTENT;  // this kernel has the narrow steps
         const bool narrow = NARROWS &&
                             min(last_visible_key(st.window(p), min(group_row0 + 63, st.seq_q() - 1)),
                                 static_cast<long long>(st.seq_kv()) - 1) < (my_end - 1) * KEYS + KEYS / 2;
