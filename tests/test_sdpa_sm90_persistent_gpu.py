@@ -2,7 +2,7 @@
 a CTA an SM running block after block, loading the next block's Q and K / V while it finishes
 one) against the float64 reference and, bit for bit, against the ping-pong kernel it stands in
 for (PTXATTN_SM90_PERSISTENT=0), on calls of more query blocks than SMs, each run on the twin
-(PTXATTN_SM90_PERSISTENT=1, also where by default it is not: causal heads of fewer than 8 or of
+(PTXATTN_SM90_PERSISTENT=1, also where by default it is not: causal heads of fewer than 4 or of
 16 and more query blocks): causal in both
 alignments (heavy-first runs of one pair and of many), non-causal, GQA, a window and rows with
 no key (blocks with no key tile), sinks, with and without LSE, f16 and bf16; a CTA runs from one
@@ -47,8 +47,8 @@ CASES = [
     Case(BF16, 1, 8, 2, 4096, 4096, 128, 128, causal=True),                            # 256, 32 key tiles a head*
 ]
 # *: causal heads of MIN_RUN_BLOCKS query blocks or more, which by default keep a CTA a block, as
-# do causal heads of fewer than 8 (PERSISTENT_CAUSAL_BLOCKS: the first case's 4).
-RUN_BY_DEFAULT = [False, True, False, True, True, True, True, False]
+# do causal heads of fewer than 4 (PERSISTENT_CAUSAL_BLOCKS).
+RUN_BY_DEFAULT = [True, True, False, True, True, True, True, False]
 
 
 def _runs_persistent(case: Case) -> bool:

@@ -400,11 +400,12 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
 # (runs of one pair). cu/flash_fwd_notes.md v38.
 HEAVY_RUN_L2_SHARE = 0.5
 MIN_RUN_BLOCKS = 16
-# The causal heads whose calls run the persistent twin by default: [8, 16) query blocks a head.
-# Measured against a CTA a block (cu/flash_fwd_notes.md v41-v43): 8 blocks (S1024) gained 6 %, 4
-# (S512) lost 1.5 %; from MIN_RUN_BLOCKS up, blocks differ 16-fold and more in work and the
-# twin's fixed deal lost 1-28 % to the hardware's dealing of a block a CTA.
-PERSISTENT_CAUSAL_BLOCKS = (8, MIN_RUN_BLOCKS)
+# The causal heads whose calls run the persistent twin by default: [4, 16) query blocks a head.
+# Measured against a CTA a block (cu/flash_fwd_notes.md v50): 4 blocks (S512) gained 15 %, 8
+# (S1024) 10 %; fewer than 4 were not measured; from MIN_RUN_BLOCKS up, blocks differ 16-fold
+# and more in work and the twin's fixed deal lost 1-28 % to the hardware's dealing of a block a
+# CTA (v41-v43).
+PERSISTENT_CAUSAL_BLOCKS = (4, MIN_RUN_BLOCKS)
 
 
 def heavy_run_pairs(l2_bytes: int, blocks: int, pairs: int, kv_bytes_per_pair: float) -> int:
