@@ -73,7 +73,7 @@ __device__ __forceinline__ void flash_fwd_simt_f32(const FlashFwdParams& p) {
   }
 
   int tile_begin, tile_end;
-  key_tile_range<32>(seq_kv, win, m0, min(m0 + F32_WARPS, seq_q) - 1, tile_begin, tile_end);
+  block_key_tile_range<F32_WARPS, 32>(seq_kv, win, m0, seq_q, tile_begin, tile_end);
 
   float acc[F32_MAX_DV / 32];
 #pragma unroll

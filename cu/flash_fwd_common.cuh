@@ -445,6 +445,13 @@ __device__ __forceinline__ void key_tile_range(int seq_kv, const KeyWindow& win,
   end = hi >= lo ? static_cast<int>(hi / BC) + 1 : begin;
 }
 
+// The same for a block of ROWS query rows from m0, less the rows past seq_q.
+template <int ROWS, int BC>
+__device__ __forceinline__ void block_key_tile_range(int seq_kv, const KeyWindow& win, int m0, int seq_q, int& begin,
+                                                     int& end) {
+  key_tile_range<BC>(seq_kv, win, m0, min(m0 + ROWS, seq_q) - 1, begin, end);
+}
+
 // Whether any of the `count` query rows from row0 sees a key of key tile `tile` (one the
 // block's key_tile_range holds): false for rows past the end and for a tile whose keys are
 // all outside the rows' causal/window range.
@@ -472,16 +479,18 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // A finished row's o is acc * row_inverse and its lse row_lse (without the sink). A row with no
-// visible key (sum 0) gets o = 0 and lse = -inf, sinks or not. Apart, so that a call without an
-// lse output skips the log (inlined together, its ~30 instructions ran on every row).
+// visible key (sum 0, row_saw_keys false) gets o = 0 and lse = -inf, sinks or not. Apart, so that
+// a call without an lse output skips the log (inlined together, its ~30 instructions ran on
+// every row).
+__device__ __forceinline__ bool row_saw_keys(float sum) { return sum > 0.f; }
 __device__ __forceinline__ float row_inverse(const FlashFwdParams& p, int h, float row_max, float sum) {
-  if (!(sum > 0.f)) return 0.f;
+  if (!row_saw_keys(sum)) return 0.f;
   float denom = sum;
   if (p.sinks != nullptr) denom += exp2f(p.sinks[h] * kLog2e - row_max);
   return 1.f / denom;
 }
 __device__ __forceinline__ float row_lse(float row_max, float sum) {
-  return sum > 0.f ? (row_max + log2f(sum)) * kLn2 : neg_inf();
+  return row_saw_keys(sum) ? (row_max + log2f(sum)) * kLn2 : neg_inf();
 }
 
 }  // namespace ptxattn

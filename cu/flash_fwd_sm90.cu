@@ -630,7 +630,7 @@ __device__ __forceinline__ void flash_fwd_wgmma(const FlashFwdParams& p) {
   const int hk = h / (p.heads_q / p.heads_kv);
 
   int tile_begin, tile_end;
-  key_tile_range<KEYS>(st.seq_kv(), st.window(p), m0, min(m0 + ROWS, st.seq_q()) - 1, tile_begin, tile_end);
+  block_key_tile_range<ROWS, KEYS>(st.seq_kv(), st.window(p), m0, st.seq_q(), tile_begin, tile_end);
 
   // Paged, the batch strides step pages.
   const T* gk = static_cast<const T*>(p.k) +

@@ -453,11 +453,11 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   // The key tiles [begin, end) of the block at m0 whose rows `st` holds (in shared memory), and of
   // the block whose rows a producer thread found (t, in registers).
   auto tile_range = [&](const TileRef& st, int m0, int& begin, int& end) {
-    key_tile_range<KEYS>(st.seq_kv(), st.window(p), m0, min(m0 + ROWS, st.seq_q()) - 1, begin, end);
+    block_key_tile_range<ROWS, KEYS>(st.seq_kv(), st.window(p), m0, st.seq_q(), begin, end);
   };
   auto block_key_tiles = [&](const SeqTile& t, int& begin, int& end) {
-    key_tile_range<KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0,
-                         min(t.m0 + ROWS, t.seq_q) - 1, begin, end);
+    block_key_tile_range<ROWS, KEYS>(t.seq_kv, KeyWindow{t.diag_offset, p.window_left, p.window_right}, t.m0, t.seq_q,
+                                     begin, end);
   };
   if constexpr (PERSISTENT) {
     // Each consumer warp frees a Q tile once its block's rows are stored; only generic arrivals
