@@ -413,6 +413,11 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   // Stage s's mask tile, after the ring (STAGED_MASK: the host launched with room for them).
   auto mask_addr = [&](int stage) { return k_addr(STAGES) + stage * Tile::MASK_STAGE_BYTES; };
 
+  // Whether the producer loads by TMA rather than cp.async: a persistent twin always does (the
+  // host launches one only with the maps), so its cp.async paths are not even compiled. Read
+  // where used (p.tma read once up here moved every ws kernel's PTX).
+  auto loads_by_tma = [&] { return PERSISTENT || p.tma; };
+
   __shared__ SeqTile tile_info[1];  // the block's rows (a persistent twin's first block)
   __shared__ int tile_found;
   // Q full, then K full, V full, K empty, V empty: STAGES each; then (persistent twins) Q tile 1's
@@ -515,7 +520,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     // ---- producer ----
     setmaxnreg_dec<Tile::PRODUCER_REGS>();
     const int h = st.h();
-    if (PERSISTENT || p.tma) {  // a twin always runs with tma 1: no cp.async producer in it
+    if (loads_by_tma()) {
       constexpr int EARLY = Tile::CONSUMERS == 2 ? STAGES : 0;  // the tiles warp 1 issued, with Q
       if (threadIdx.x == 0) {
         if (tile_begin + EARLY < tile_end)
@@ -603,7 +608,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       auto k_landed = [&](int t) { mbar_wait(k_full(stage_of(t)), parity_of(t)); };
       auto v_landed = [&](int t) { mbar_wait(v_full(stage_of(t)), parity_of(t)); };
       auto fence_copies = [&] {
-        if (!PERSISTENT && !p.tma) fence_proxy_async();
+        if (!loads_by_tma()) fence_proxy_async();
       };
       auto wait_k = [&](int t) {
         k_landed(t);
