@@ -574,8 +574,7 @@ def persistent_twins_share_the_blocks_out() -> None:
     the grid the ping-pong kernel would have run in virtual_grid. Calls of no more blocks than
     SMs, without q / k / v maps (padded dims), with a mask or softcap (general kernels), at other
     head dims, and under PTXATTN_SM90_PERSISTENT=0 keep the ping-pong kernel on its own grid, as
-    do causal calls outside PERSISTENT_CAUSAL_BLOCKS (fewer than 4 query blocks a head, or 16 and
-    more: heavy-first runs) unless =1."""
+    do causal calls of MIN_RUN_BLOCKS (16) query blocks a head and more (heavy-first runs) unless =1."""
     from ptxattn.ops import attention
     from ptxattn.variants import sm90_persistent_tiles, sm90_ws_pp_tiles
 
@@ -601,8 +600,8 @@ def persistent_twins_share_the_blocks_out() -> None:
     long_causal = launch(4, 32, 2048, causal=True)  # 16: runs of pairs
     assert long_causal.name == pp.kernel("bf16") and long_causal.grid == (16, 16, 8), long_causal.grid
     assert launch(32, 16, 512, causal=True).name.endswith("_persistent")  # 4
-    shortest = launch(32, 16, 384, causal=True)  # 3
-    assert shortest.name == pp.kernel("bf16") and shortest.grid == (1, 3, 512), shortest.grid
+    shortest = launch(64, 16, 100, causal=True)  # 1, cut
+    assert shortest.name.endswith("_persistent") and virtual_grid(shortest) == (1, 1, 1024), shortest.name
     for name, kept in (("132 blocks", launch(1, 33, 512)), ("padded dims", launch(32, 16, 512, d=96)),
                        ("softcap", launch(32, 16, 512, softcap=30.0)), ("D64", launch(32, 16, 512, d=64))):
         assert not kept.name.endswith("_persistent") and kept.grid != (132, 1, 1), (name, kept.name, kept.grid)
@@ -611,8 +610,6 @@ def persistent_twins_share_the_blocks_out() -> None:
     prepared.clear_bindings()
     forced = launch(4, 32, 2048, causal=True)
     assert forced.name.endswith("_persistent") and virtual_grid(forced) == (16, 16, 8), forced.name
-    forced_short = launch(32, 16, 384, causal=True)
-    assert forced_short.name.endswith("_persistent") and virtual_grid(forced_short) == (1, 3, 512), forced_short.name
     attention.sm90_persistent_setting = lambda: False  # as PTXATTN_SM90_PERSISTENT=0 reads
     prepared.clear_bindings()
     off = launch(16, 16, 1024, causal=True)

@@ -2,8 +2,8 @@
 a CTA an SM running block after block, loading the next block's Q and K / V while it finishes
 one) against the float64 reference and, bit for bit, against the ping-pong kernel it stands in
 for (PTXATTN_SM90_PERSISTENT=0), on calls of more query blocks than SMs, each run on the twin
-(PTXATTN_SM90_PERSISTENT=1, also where by default it is not: causal heads of fewer than 4 or of
-16 and more query blocks): causal in both
+(PTXATTN_SM90_PERSISTENT=1, also where by default it is not: causal heads of 16 and more query
+blocks): causal in both
 alignments (heavy-first runs of one pair and of many), non-causal, GQA, a window and rows with
 no key (blocks with no key tile), sinks, with and without LSE, f16 and bf16; a CTA runs from one
 block more than another to ~16, so the snake's partial last round, the K / V ring's and both Q
@@ -45,10 +45,10 @@ CASES = [
     Case(BF16, 2, 40, 8, 257, 3000, 128, 128),                                         # 240, long rows of keys
     Case(F16, 1, 133, 7, 128, 640, 128, 128, sinks=True),                              # 133: one CTA runs two
     Case(BF16, 1, 8, 2, 4096, 4096, 128, 128, causal=True),                            # 256, 32 key tiles a head*
+    Case(F16, 16, 16, 4, 200, 200, 128, 128, causal=True, sinks=True),                 # 512, heads of 2 blocks, cut
 ]
-# *: causal heads of MIN_RUN_BLOCKS query blocks or more, which by default keep a CTA a block, as
-# do causal heads of fewer than 4 (PERSISTENT_CAUSAL_BLOCKS).
-RUN_BY_DEFAULT = [True, True, False, True, True, True, True, False]
+# *: causal heads of MIN_RUN_BLOCKS query blocks or more, which by default keep a CTA a block.
+RUN_BY_DEFAULT = [True, True, False, True, True, True, True, False, True]
 
 
 def _runs_persistent(case: Case) -> bool:

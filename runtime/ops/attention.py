@@ -372,10 +372,12 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
     params.heavy_first = int(heavy is not None)  # else light blocks first, same bits
     grid = heavy or (blocks, hq, batch)
     # No heavy-first grid: no bounded right edge, so the blocks are alike in work and the twin pays
-    # at any count of them (or past MAX_GRID_YZ blocks a head); else only within
-    # PERSISTENT_CAUSAL_BLOCKS.
+    # at any count of them (or past MAX_GRID_YZ blocks a head); else only on heads of fewer than
+    # MIN_RUN_BLOCKS (cu/flash_fwd_notes.md v50, v52: 1 to 8 blocks gained 10-16 % over a CTA a
+    # block; from MIN_RUN_BLOCKS up blocks differ 16-fold and more in work and the twin's fixed
+    # deal lost 1-28 % to the hardware's dealing of a block a CTA, v41-v43).
     alike = heavy is None
-    pays = alike or PERSISTENT_CAUSAL_BLOCKS[0] <= blocks < PERSISTENT_CAUSAL_BLOCKS[1]
+    pays = alike or blocks < MIN_RUN_BLOCKS
     persistent = persistent_twin(plan.ws_tile, maps, grid, pays, binding.device.sm_count)
     if persistent is not None:
         plan = ws_plan(persistent, dtype)
@@ -400,12 +402,6 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
 # (runs of one pair). cu/flash_fwd_notes.md v38.
 HEAVY_RUN_L2_SHARE = 0.5
 MIN_RUN_BLOCKS = 16
-# The causal heads whose calls run the persistent twin by default: [4, 16) query blocks a head.
-# Measured against a CTA a block (cu/flash_fwd_notes.md v50): 4 blocks (S512) gained 15 %, 8
-# (S1024) 10 %; fewer than 4 were not measured; from MIN_RUN_BLOCKS up, blocks differ 16-fold
-# and more in work and the twin's fixed deal lost 1-28 % to the hardware's dealing of a block a
-# CTA (v41-v43).
-PERSISTENT_CAUSAL_BLOCKS = (4, MIN_RUN_BLOCKS)
 
 
 def heavy_run_pairs(l2_bytes: int, blocks: int, pairs: int, kv_bytes_per_pair: float) -> int:
@@ -442,7 +438,7 @@ def persistent_twin(tile: Sm90Tile | None, maps, grid: tuple[int, int, int], pay
     next block's Q and first K / V tiles while it finishes the one before (a short block's start
     and end are otherwise its SM's idle time); or None: no twin for the tile, no TMA maps (the
     twin loads by TMA alone), no more blocks than SMs, PTXATTN_SM90_PERSISTENT=0, or (unset) a
-    call where the twin does not pay (`pays` false: causal heads outside PERSISTENT_CAUSAL_BLOCKS)."""
+    call where the twin does not pay (`pays` false: causal heads of MIN_RUN_BLOCKS or more)."""
     setting = sm90_persistent_setting()
     if (tile is None or maps is None or not tile.pingpong or tile.general or math.prod(grid) <= sm_count
             or setting is False or (not pays and setting is None)):
