@@ -373,7 +373,7 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
     grid = heavy or (blocks, hq, batch)
     # No heavy-first grid: no bounded right edge, so the blocks are alike in work and the twin pays
     # at any count of them (or past MAX_GRID_YZ blocks a head); else only on heads of fewer than
-    # MIN_RUN_BLOCKS (cu/flash_fwd_notes.md v50, v52: 1 to 8 blocks gained 10-16 % over a CTA a
+    # MIN_RUN_BLOCKS (cu/flash_fwd_notes.md v50, v52: 1 to 8 blocks gained 10-15 % over a CTA a
     # block; from MIN_RUN_BLOCKS up blocks differ 16-fold and more in work and the twin's fixed
     # deal lost 1-28 % to the hardware's dealing of a block a CTA, v41-v43).
     alike = heavy is None
