@@ -676,7 +676,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         // end, cut them all), S, the softmax and P V take the first KEYS / 2 keys only. The keys
         // left out would score -inf and weigh exactly 0, so the sums and bits are the same.
         // Not in the twins: their short blocks ran 16 % faster without the narrow steps (S512
-        // causal; SASS 7,032 -> 5,536, less code fetched a block: flash_fwd_notes v50, v47).
+        // causal, flash_fwd_notes v50; the instruction count alone is not what paid, v52).
         constexpr bool NARROWS = Tile::NARROW_LAST && !GENERAL && !PERSISTENT;  // this kernel has the narrow steps
         const bool narrow = NARROWS &&
                             min(last_visible_key(st.window(p), min(group_row0 + 63, st.seq_q() - 1)),

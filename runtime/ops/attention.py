@@ -399,7 +399,8 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
 # A heavy-first dense grid's runs hold as many (batch, head) pairs as keep their K / V within
 # HEAVY_RUN_L2_SHARE of the L2, where a head has at least MIN_RUN_BLOCKS query blocks; with
 # fewer, a head's blocks run side by side on the same K / V tiles, which short sequences need
-# (runs of one pair). cu/flash_fwd_notes.md v38.
+# (runs of one pair), and which the persistent twin serves by default (_bind).
+# cu/flash_fwd_notes.md v38.
 HEAVY_RUN_L2_SHARE = 0.5
 MIN_RUN_BLOCKS = 16
 
