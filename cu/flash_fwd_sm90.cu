@@ -161,25 +161,27 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[R], unsigned long long a_des
   }
 }
 
-// d (m64 x nN, fp32) += A (registers, mma.sync's A-fragment layout) * B (smem, MN-major),
-// N = 2 * (registers of d); A is operands a0..a3, B's descriptor the next one.
-#define PTXATTN_WGMMA_RS(N, TYPE, REGS, OUTS, OPERANDS)                                    \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"                                  \
+// d (m64 x nN, fp32) = (accumulate ? d : 0) + A (registers, mma.sync's A-fragment layout) *
+// B (smem, MN-major), N = 2 * (registers of d); A is operands a0..a3, B's descriptor the next
+// one, FLAG accumulate's.
+#define PTXATTN_WGMMA_RS(N, TYPE, REGS, OUTS, OPERANDS, FLAG)                              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " FLAG ", 0;\n"                          \
                "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE " " REGS      \
                ", " OPERANDS ", p, 1, 1, 1;\n}\n"                                            \
                : OUTS                                                                        \
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc))
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(accumulate))
 template <class T, int R>
-__device__ __forceinline__ void wgmma_rs(float (&d)[R], const unsigned (&a)[4], unsigned long long b_desc) {
+__device__ __forceinline__ void wgmma_rs(float (&d)[R], const unsigned (&a)[4], unsigned long long b_desc,
+                                         int accumulate) {
   static_assert(R == 64 || R == 32, "m64n128 or m64n64");
   if constexpr (R == 64 && is_bf16<T>) {
-    PTXATTN_WGMMA_RS(128, "bf16", PTXATTN_REGS64, PTXATTN_OUTS64, "{%64, %65, %66, %67}, %68");
+    PTXATTN_WGMMA_RS(128, "bf16", PTXATTN_REGS64, PTXATTN_OUTS64, "{%64, %65, %66, %67}, %68", "%69");
   } else if constexpr (R == 64) {
-    PTXATTN_WGMMA_RS(128, "f16", PTXATTN_REGS64, PTXATTN_OUTS64, "{%64, %65, %66, %67}, %68");
+    PTXATTN_WGMMA_RS(128, "f16", PTXATTN_REGS64, PTXATTN_OUTS64, "{%64, %65, %66, %67}, %68", "%69");
   } else if constexpr (is_bf16<T>) {
-    PTXATTN_WGMMA_RS(64, "bf16", PTXATTN_REGS32, PTXATTN_OUTS32, "{%32, %33, %34, %35}, %36");
+    PTXATTN_WGMMA_RS(64, "bf16", PTXATTN_REGS32, PTXATTN_OUTS32, "{%32, %33, %34, %35}, %36", "%37");
   } else {
-    PTXATTN_WGMMA_RS(64, "f16", PTXATTN_REGS32, PTXATTN_OUTS32, "{%32, %33, %34, %35}, %36");
+    PTXATTN_WGMMA_RS(64, "f16", PTXATTN_REGS32, PTXATTN_OUTS32, "{%32, %33, %34, %35}, %36", "%37");
   }
 }
 
@@ -419,25 +421,42 @@ __device__ __forceinline__ void issue_qk(float (&s)[Tile::KEYS / 2], unsigned q_
   wgmma_commit();
 }
 
+// cut_keys' loop over this thread's elements of tile n0: those left of a row's window (LOW: the
+// tile has some) or right of it or past Skv become -inf.
+template <int KEYS, bool LOW>
+__device__ __forceinline__ void cut_elements(float (&s)[KEYS / 2], const KeyWindow& win, int n0, int seq_kv, int my_row,
+                                             int lane) {
+  const int col0 = n0 + 2 * (lane & 3);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = my_row + 8 * r;
+    const int lo = clamp_to_tile<KEYS>(first_visible_key(win, row) - col0);
+    const int hi = clamp_to_tile<KEYS>(min(last_visible_key(win, row), (long long)seq_kv - 1) - col0);
+#pragma unroll
+    for (int j = 0; j < KEYS / 8; ++j)
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+        if ((LOW && j * 8 + c < lo) || j * 8 + c > hi) s[4 * j + 2 * r + c] = neg_inf();
+  }
+}
+
 // Cuts the keys of key tile n0 outside a row's causal/window range or past Skv (on the tiles
 // that have any); group_row0 is the warpgroup's first row, my_row this thread's first.
-template <int KEYS>
+// UPPER_APART: where no row's window starts inside the tile (every tile of a causal call
+// without a window), only the upper bound is compared, one compare an element rather than two,
+// in a loop of its own (the persistent twins; in the CTA-a-block ping-pong kernels the second
+// loop had ptxas serialize the wgmmas, C7511).
+template <int KEYS, bool UPPER_APART = false>
 __device__ __forceinline__ void cut_keys(float (&s)[KEYS / 2], const KeyWindow& win, int n0, int seq_kv, int group_row0,
                                          int my_row, int lane) {
-  if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
-      n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
-    const int col0 = n0 + 2 * (lane & 3);
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = my_row + 8 * r;
-      const int lo = clamp_to_tile<KEYS>(first_visible_key(win, row) - col0);
-      const int hi = clamp_to_tile<KEYS>(min(last_visible_key(win, row), (long long)seq_kv - 1) - col0);
-#pragma unroll
-      for (int j = 0; j < KEYS / 8; ++j)
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-          if (j * 8 + c < lo || j * 8 + c > hi) s[4 * j + 2 * r + c] = neg_inf();
-    }
+  if constexpr (UPPER_APART) {
+    if (n0 < first_visible_key(win, group_row0 + 63))
+      cut_elements<KEYS, true>(s, win, n0, seq_kv, my_row, lane);
+    else if (n0 + KEYS > seq_kv || n0 + KEYS - 1 > last_visible_key(win, group_row0))
+      cut_elements<KEYS, false>(s, win, n0, seq_kv, my_row, lane);
+  } else if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
+             n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
+    cut_elements<KEYS, true>(s, win, n0, seq_kv, my_row, lane);
   }
 }
 
@@ -500,12 +519,14 @@ __device__ __forceinline__ void pack_p(const float (&s)[KEYS / 2], unsigned (&pa
   for (int kk = 0; kk < KEYS / 16; ++kk) scores_as_a_operand<T>(s + 8 * kk, pa[kk]);
 }
 
-// O += P V issued (not waited for); v is the V stage. Every A fragment is packed before the
-// first wgmma, so one fence covers them all. O is one m64n64 or m64n128 accumulator, or (DV =
+// O += P V issued (not waited for); v is the V stage; without accumulate, O = P V (O's
+// registers are not read: a block's first P V need not zero them). Every A fragment is packed
+// before the first wgmma, so one fence covers them all. O is one m64n64 or m64n128 accumulator, or (DV =
 // 256) two m64n128 ones side by side, the second over V's halves 2 and 3.
 // KEYS: the tile's first keys to take (issue_qk's), the rest having P = 0.
 template <class T, class Tile, int KEYS = Tile::KEYS, int O_REGS>
-__device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa)[Tile::KEYS / 16][4], unsigned v) {
+__device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa)[Tile::KEYS / 16][4], unsigned v,
+                                         bool accumulate = true) {
   constexpr int kSlab = O_REGS < 64 ? O_REGS : 64;  // accumulators of one wgmma
   const unsigned long long v_desc = mn_major_desc(v, Tile::KV_HALF);
   wgmma_fence();
@@ -514,15 +535,17 @@ __device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa
 #pragma unroll
     for (int n = 0; n < O_REGS / kSlab; ++n)
       wgmma_rs<T>(*reinterpret_cast<float(*)[kSlab]>(o + n * kSlab), pa[kk],
-                  desc_at(v_desc, n * 2 * Tile::KV_HALF + kk * 16 * 128));
+                  desc_at(v_desc, n * 2 * Tile::KV_HALF + kk * 16 * 128), kk > 0 || accumulate);
   wgmma_commit();
 }
 
 // Columns 8 j + 2 (lane & 3) and the next of accumulator row r (0: my_row, 1: my_row + 8),
-// times inv (exactly 0 for an empty row, whatever O holds).
-template <int N>
-__device__ __forceinline__ float2 normalised_pair(const float (&o)[N], int j, int r, float inv) {
-  return make_float2(inv == 0.f ? 0.f : o[4 * j + 2 * r] * inv, inv == 0.f ? 0.f : o[4 * j + 2 * r + 1] * inv);
+// times inv and rounded to T, packed (exactly 0 for an empty row, whatever O holds). One select
+// of the packed pair rather than one an element: 64 fewer instructions an epilogue at D128.
+template <class T, int N>
+__device__ __forceinline__ unsigned normalised_pair(const float (&o)[N], int j, int r, float inv) {
+  const unsigned pair = pack2<T>(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+  return inv == 0.f ? 0u : pair;
 }
 
 // This thread's row `row` (my_row or my_row + 8) finished: the quad's partial sums reduced (fixed
@@ -555,9 +578,8 @@ __device__ __forceinline__ void store_rows_unaligned(const FlashFwdParams& p, co
                                                               h * p.o_head_stride + (q_tok0 + row) * p.o_seq_stride);
 #pragma unroll
     for (int j = 0; j < D / 8; ++j) {
-      const float2 x = normalised_pair(o, j, r, inv);
       const int col = j * 8 + 2 * (lane & 3);
-      const unsigned pair = pack2<T>(x.x, x.y);
+      const unsigned pair = normalised_pair<T>(o, j, r, inv);
       if (col < p.dim_v) go16[col] = static_cast<unsigned short>(pair);
       if (col + 1 < p.dim_v) go16[col + 1] = static_cast<unsigned short>(pair >> 16);
     }
@@ -585,8 +607,8 @@ __device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const
     const float inv = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], row, lane);
 #pragma unroll
     for (int j = 0; j < DV / 8; ++j) {
-      const float2 x = normalised_pair(o, j, r, inv);
-      st_shared_4(q_group + sw128_offset<Tile::ROWS>(row - group_row0, j) + 4 * (lane & 3), pack2<T>(x.x, x.y));
+      st_shared_4(q_group + sw128_offset<Tile::ROWS>(row - group_row0, j) + 4 * (lane & 3),
+                  normalised_pair<T>(o, j, r, inv));
     }
   }
   named_bar_sync(barrier, 128);

@@ -67,9 +67,11 @@
 // A release is one arrival per warp (lane 0, after the warp's wgmma.wait_group): empty
 // barriers count 4 * CONSUMERS.
 // O sees the same operations in the same order as in flash_fwd_wgmma (its first rescale is of
-// zeros, skipped here; then O += P V, O *= alpha, ... alternate exactly as there), and a
-// skipped tile is one whose keys all its rows cut, which flash_fwd_wgmma skips too: outputs
-// and LSE are bit-identical to the plain (general) kernel's.
+// zeros, skipped here, and its first P V writes O where there it adds to zeros: the same sums
+// but for the sign of an exact zero; then O += P V, O *= alpha, ... alternate exactly as
+// there), and a skipped tile is one whose keys all its rows cut, which flash_fwd_wgmma skips
+// too: outputs and LSE are bit-identical to the plain (general) kernel's (an output's zero may
+// come out -0 where every product that made it was -0, a V column of -0.0).
 //
 // Why no deadlock: phases of a stage's barriers alternate strictly (full n, empty n, full n+1,
 // ...): the producer waits empty n - 1 before filling use n, and a consumer arrives on empty
@@ -584,9 +586,16 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       auto parity_of = [&](int t) { return ring.parity(t); };
       const int group_row0 = m0 + (role - 1) * 64;
       const int my_row = group_row0 + warp_in_group * 16 + (lane >> 2);
+      // O: zeroed here, or (the twins) set by the first P V (issue_pv without accumulate) and
+      // zeroed only where the warpgroup has no tile: 64 instructions fewer a block at D128.
+      // Not in the CTA-a-block kernels: there ptxas serialized the d192 / 128 and d64 m192
+      // ping-pong kernels' wgmmas (C7511).
+      constexpr bool FIRST_PV_WRITES_O = PERSISTENT;
       float o[O_REGS];
+      if constexpr (!FIRST_PV_WRITES_O) {
 #pragma unroll
-      for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
+        for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
+      }
       float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
       const float mul = softmax_mul<GENERAL>(p);
       // S(t) as it comes out of the tensor cores -> the scores the softmax takes.
@@ -595,7 +604,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
           staged_mask_scores<ROWS, KEYS / 8>(s, p, smem + (mask_addr(stage_of(t)) - smem_u32(smem)), my_row - m0, lane);
         else if constexpr (GENERAL)
           general_scores<KEYS / 8>(s, p, st.b(), st.h(), my_row, st.seq_q(), t * KEYS + 2 * (lane & 3), st.seq_kv());
-        cut_keys<KEYS>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
+        cut_keys<KEYS, PERSISTENT>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
       };
 
       int my_begin = tile_begin, my_end = tile_end;
@@ -727,7 +736,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
           issue_qk<T, Tile, W>(s, q_group, k_addr(stage_of(t)));
           fence_registers(s);
           if constexpr (!Tile::SOFTMAX_BESIDE_OWN_PV) wait_v(t - 1);
-          issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)));
+          issue_pv<T, Tile>(o, pa, v_addr(stage_of(t - 1)), !FIRST_PV_WRITES_O || t - 1 > my_begin);
           fence_registers(o);
           turn_arrive(t);
           wgmma_wait<1>();  // S(t) done; O's P V may still run
@@ -745,7 +754,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
           constexpr int W = decltype(width)::value;
           wait_v(my_end - 1);
           turn_wait(my_end);
-          issue_pv<T, Tile, W>(o, pa, v_addr(stage_of(my_end - 1)));
+          issue_pv<T, Tile, W>(o, pa, v_addr(stage_of(my_end - 1)), !FIRST_PV_WRITES_O || my_end - 1 > my_begin);
           turn_arrive(my_end);
           wgmma_wait<0>();
           fence_registers(o);
@@ -764,8 +773,14 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         } else {
           last_pv(full);
         }
-      } else if constexpr (Tile::PINGPONG) {
-        if (tile_begin < tile_end) empty_turn(my_end);  // turn tile_end: the head loop passed every tile
+      } else {
+        if constexpr (FIRST_PV_WRITES_O) {
+#pragma unroll
+          for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;  // for the epilogue (its rows' factor is 0)
+        }
+        if constexpr (Tile::PINGPONG) {
+          if (tile_begin < tile_end) empty_turn(my_end);  // turn tile_end: the head loop passed every tile
+        }
       }
       for (int t = my_end; t < tile_end; ++t) {  // (none when the head loop passed them all)
         pass(t);
