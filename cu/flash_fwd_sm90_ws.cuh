@@ -67,11 +67,11 @@
 // A release is one arrival per warp (lane 0, after the warp's wgmma.wait_group): empty
 // barriers count 4 * CONSUMERS.
 // O sees the same operations in the same order as in flash_fwd_wgmma (its first rescale is of
-// zeros, skipped here, and its first P V writes O where there it adds to zeros: the same sums
-// but for the sign of an exact zero; then O += P V, O *= alpha, ... alternate exactly as
-// there), and a skipped tile is one whose keys all its rows cut, which flash_fwd_wgmma skips
-// too: outputs and LSE are bit-identical to the plain (general) kernel's (an output's zero may
-// come out -0 where every product that made it was -0, a V column of -0.0).
+// zeros, skipped here; then O += P V, O *= alpha, ... alternate exactly as there; in the
+// persistent twins the first P V writes O where there it adds to zeros, the same sums but for
+// the sign of an exact zero), and a skipped tile is one whose keys all its rows cut, which
+// flash_fwd_wgmma skips too: outputs and LSE are bit-identical to the plain (general) kernel's
+// (a twin's output zero may come out -0 where every product that made it was -0: V's -0.0s).
 //
 // Why no deadlock: phases of a stage's barriers alternate strictly (full n, empty n, full n+1,
 // ...): the producer waits empty n - 1 before filling use n, and a consumer arrives on empty
@@ -588,8 +588,8 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       const int my_row = group_row0 + warp_in_group * 16 + (lane >> 2);
       // O: zeroed here, or (the twins) set by the first P V (issue_pv without accumulate) and
       // zeroed only where the warpgroup has no tile: 64 instructions fewer a block at D128.
-      // Not in the CTA-a-block kernels: there ptxas serialized the d192 / 128 and d64 m192
-      // ping-pong kernels' wgmmas (C7511).
+      // Not in the CTA-a-block kernels: there ptxas serialized the d192 / 128 ping-pong
+      // kernels' wgmmas (C7511) and spilled more in the general d128 one.
       constexpr bool FIRST_PV_WRITES_O = PERSISTENT;
       float o[O_REGS];
       if constexpr (!FIRST_PV_WRITES_O) {
