@@ -521,8 +521,8 @@ __device__ __forceinline__ void pack_p(const float (&s)[KEYS / 2], unsigned (&pa
 
 // O += P V issued (not waited for); v is the V stage; without accumulate, O = P V (O's
 // registers are not read: a block's first P V need not zero them). Every A fragment is packed
-// before the first wgmma, so one fence covers them all. O is one m64n64 or m64n128 accumulator, or (DV =
-// 256) two m64n128 ones side by side, the second over V's halves 2 and 3.
+// before the first wgmma, so one fence covers them all. O is one m64n64 or m64n128
+// accumulator, or (DV = 256) two m64n128 ones side by side, the second over V's halves 2 and 3.
 // KEYS: the tile's first keys to take (issue_qk's), the rest having P = 0.
 template <class T, class Tile, int KEYS = Tile::KEYS, int O_REGS>
 __device__ __forceinline__ void issue_pv(float (&o)[O_REGS], const unsigned (&pa)[Tile::KEYS / 16][4], unsigned v,

@@ -592,10 +592,11 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       // kernels' wgmmas (C7511) and spilled more in the general d128 one.
       constexpr bool FIRST_PV_WRITES_O = PERSISTENT;
       float o[O_REGS];
-      if constexpr (!FIRST_PV_WRITES_O) {
+      auto zero_o = [&] {
 #pragma unroll
         for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;
-      }
+      };
+      if constexpr (!FIRST_PV_WRITES_O) zero_o();
       float row_max[2] = {neg_inf(), neg_inf()}, row_sum[2] = {0.f, 0.f};
       const float mul = softmax_mul<GENERAL>(p);
       // S(t) as it comes out of the tensor cores -> the scores the softmax takes.
@@ -774,10 +775,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
           last_pv(full);
         }
       } else {
-        if constexpr (FIRST_PV_WRITES_O) {
-#pragma unroll
-          for (int i = 0; i < O_REGS; ++i) o[i] = 0.f;  // for the epilogue (its rows' factor is 0)
-        }
+        if constexpr (FIRST_PV_WRITES_O) zero_o();  // for the epilogue (its rows' factor is 0)
         if constexpr (Tile::PINGPONG) {
           if (tile_begin < tile_end) empty_turn(my_end);  // turn tile_end: the head loop passed every tile
         }
