@@ -722,7 +722,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
           turn_arrive(my_begin);
           wgmma_wait<0>();
           fence_registers(s);
-          scores_and_softmax(full, my_begin);  // O is 0: no rescale
+          scores_and_softmax(full, my_begin);  // O is 0 (a twin's: not yet written): no rescale
           pack(full);
         };
         // Tile t (> my_begin) of width W, whose previous tile was a full one.
