@@ -445,7 +445,8 @@ __device__ __forceinline__ void cut_elements(float (&s)[KEYS / 2], const KeyWind
 // UPPER_APART: where no row's window starts inside the tile (every tile of a causal call
 // without a window), only the upper bound is compared, one compare an element rather than two,
 // in a loop of its own (the persistent twins; in the CTA-a-block ping-pong kernels the second
-// loop had ptxas serialize the wgmmas, C7511).
+// loop had ptxas serialize the wgmmas, C7511). The tests are spelled out in each branch: taken
+// once into named flags for both, they moved ptxas's spills in the CTA-a-block kernels.
 template <int KEYS, bool UPPER_APART = false>
 __device__ __forceinline__ void cut_keys(float (&s)[KEYS / 2], const KeyWindow& win, int n0, int seq_kv, int group_row0,
                                          int my_row, int lane) {

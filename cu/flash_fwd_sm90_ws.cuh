@@ -171,7 +171,7 @@ struct WsTile : TileGeometry<DQK_, DV_, 64 * GROUPS_, KEYS_> {
   static constexpr bool SOFTMAX_BESIDE_OWN_PV = DV_ == 256;
   // Whether a plain kernel's consumer takes its last tile's first half alone where its rows see
   // no key of the second (the causal diagonal's upper rows; see the key loop): the ping-pong
-  // kernels' (WsPingPongTile) with 128-key tiles but their persistent twins, where a half is a
+  // kernels' (WsPingPongTile) with 128-key tiles, not their persistent twins, where a half is a
   // whole m64n64 wgmma and four k16 steps of P V. In the D64 and 192 / 128 kernels without
   // ping-pong ptxas then serialized the wgmmas (C7511: too few registers for their pipeline).
   static constexpr bool NARROW_LAST = false;
