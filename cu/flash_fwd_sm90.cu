@@ -589,7 +589,8 @@ __device__ __forceinline__ void store_rows_unaligned(const FlashFwdParams& p, co
 
 // Finish through shared memory, for a warpgroup's 64 rows where the plan's vector_io holds:
 // normalised and rounded to T, they go into the warpgroup's own rows of the Q tile (q_group:
-// free once its last wgmma was waited for, and DV <= DQK) in Q's swizzled layout, then out as
+// free once its last wgmma was waited for, and DV <= DQK) in Q's swizzled layout by stmatrix
+// (8 a warp at D128 where there were 32 4-byte stores and their addresses), then out as
 // 16-byte stores, consecutive threads along a row (straight from the accumulators a warp's
 // 4-byte stores would spread over 8 rows: flash_fwd_notes v18). `barrier` is a named barrier
 // of the warpgroup's own. Outputs and LSE rounded as store_rows_unaligned's.
@@ -602,23 +603,37 @@ __device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const
   static_assert(DV <= Tile::DQK, "O's rows fit in the warpgroup's rows of Q");
   const int seq_q = st.seq_q(), b = st.b();
   const long long q_tok0 = st.q_tok0();
+  float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = my_row + 8 * r;
-    const float inv = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], row, lane);
+  for (int r = 0; r < 2; ++r) inv[r] = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], my_row + 8 * r, lane);
+  // The warp's 16 rows by two 16-byte chunks (2k, 2k + 1) at a time, one stmatrix: matrix m is
+  // rows 8 (m % 2) .. of chunk 2k + m / 2, so lane l gives row 8 ((l / 8) % 2) + l % 8 of chunk
+  // 2k + l / 16. Its row keeps one swizzle phase, so chunk 2k + l / 16's address is chunk
+  // l / 16's with bits 5-6 XORed by k % 4, plus k / 4 panels.
+  const int lane_row = ((my_row - group_row0) & ~15) + 8 * ((lane >> 3) & 1) + (lane & 7);
+  const unsigned lane_addr = q_group + sw128_offset<Tile::ROWS>(lane_row, lane >> 4);
 #pragma unroll
-    for (int j = 0; j < DV / 8; ++j) {
-      st_shared_4(q_group + sw128_offset<Tile::ROWS>(row - group_row0, j) + 4 * (lane & 3),
-                  normalised_pair<T>(o, j, r, inv));
-    }
-  }
+  for (int k = 0; k < DV / 16; ++k)
+    stmatrix_x4((lane_addr ^ ((k % 4) << 5)) + (k / 4) * (Tile::ROWS * 128), normalised_pair<T>(o, 2 * k, 0, inv[0]),
+                normalised_pair<T>(o, 2 * k, 1, inv[1]), normalised_pair<T>(o, 2 * k + 1, 0, inv[0]),
+                normalised_pair<T>(o, 2 * k + 1, 1, inv[1]));
   named_bar_sync(barrier, 128);
-  T* go = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride + (q_tok0 + group_row0) * p.o_seq_stride;
+  // Thread t takes chunk c = t % CHUNKS of rows r0 = t / CHUNKS, r0 + PASS, ...; where PASS is a
+  // multiple of 8 its rows keep one swizzle phase, so its shared address steps by a constant as
+  // its global one does, and the stores past seq_q or dim_v are predicated off rather than
+  // branched around (each 16-byte chunk had rebuilt both addresses: ~17 instructions, now ~5).
+  constexpr int PASS = 128 / CHUNKS;  // rows a pass of the warpgroup's threads
+  static_assert(128 % CHUNKS == 0, "whole rows a pass");
+  const int t = threadIdx.x & 127, r0 = t / CHUNKS, c = t % CHUNKS;
+  const int rows = c * 8 < p.dim_v ? seq_q - group_row0 - r0 : 0;  // of r0, r0 + 1, ...: those to store
+  T* dst = static_cast<T*>(p.o) + b * p.o_batch_stride + h * p.o_head_stride +
+           (q_tok0 + group_row0 + r0) * p.o_seq_stride + c * 8;
+  const long long step = PASS * p.o_seq_stride;
 #pragma unroll
-  for (int i = 0; i < 64 * CHUNKS / 128; ++i) {
-    const int chunk = i * 128 + (threadIdx.x & 127), r = chunk / CHUNKS, c = chunk % CHUNKS;
-    if (group_row0 + r < seq_q && c * 8 < p.dim_v)
-      st_global_16(go + r * p.o_seq_stride + c * 8, ld_shared_16(q_group + sw128_offset<Tile::ROWS>(r, c)));
+  for (int i = 0; i < 64 / PASS; ++i) {
+    const unsigned src = PASS % 8 == 0 ? q_group + sw128_offset<Tile::ROWS>(r0, c) + i * PASS * 128
+                                       : q_group + sw128_offset<Tile::ROWS>(r0 + i * PASS, c);
+    st_global_16_if(dst + i * step, ld_shared_16(src), i * PASS < rows);
   }
 }
 

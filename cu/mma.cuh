@@ -12,13 +12,19 @@ __device__ __forceinline__ unsigned smem_u32(const void* ptr) {
   return static_cast<unsigned>(__cvta_generic_to_shared(ptr));
 }
 
-// 16 bytes to / from a shared-window byte address (and 4 bytes to one); 16 bytes to global memory.
+// 16 bytes to / from a shared-window byte address; 16 bytes to global memory.
 __device__ __forceinline__ void st_shared_16(unsigned smem_addr, uint4 v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
 }
-__device__ __forceinline__ void st_shared_4(unsigned smem_addr, unsigned v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(smem_addr), "r"(v) : "memory");
+// Four 8x8 matrices of 16-bit elements from the warp's registers to shared memory (stmatrix):
+// each lane's register i holds row lane / 4, columns 2 (lane % 4) and the next, of matrix i (an
+// mma accumulator fragment's layout), and lanes 8 i .. 8 i + 7 give the addresses of matrix i's
+// eight 16-byte rows.
+__device__ __forceinline__ void stmatrix_x4(unsigned smem_addr, unsigned m0, unsigned m1, unsigned m2, unsigned m3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(smem_addr), "r"(m0),
+               "r"(m1), "r"(m2), "r"(m3)
+               : "memory");
 }
 __device__ __forceinline__ uint4 ld_shared_16(unsigned smem_addr) {
   uint4 v;
@@ -26,11 +32,13 @@ __device__ __forceinline__ uint4 ld_shared_16(unsigned smem_addr) {
                : "memory");
   return v;
 }
-// A 16-byte global store to a 16-byte aligned address. NVRTC compiled store_rows_staged's
+// A 16-byte global store to a 16-byte aligned address, made where `store` holds (a predicated
+// store: no branch around it). NVRTC compiled store_rows_staged's
 // `*reinterpret_cast<uint4*>(dst) = ld_shared_16(..)` into four 4-byte stores, which moved each
 // output sector four times (flash_fwd_notes v23).
-__device__ __forceinline__ void st_global_16(void* ptr, uint4 v) {
-  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(ptr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+__device__ __forceinline__ void st_global_16_if(void* ptr, uint4 v, bool store) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %5, 0;\n@p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n}\n" ::"l"(ptr),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(static_cast<int>(store))
                : "memory");
 }
 
