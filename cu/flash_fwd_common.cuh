@@ -70,6 +70,9 @@ struct FlashFwdParams {
   // tile's mask tile through mask_map, over (key, query, head, batch), each box one 128-byte
   // panel of the tile's rows (flash_fwd_sm90_ws.cuh); unused by every other kernel.
   TensorMap q_map, k_map, v_map, mask_map;
+  // The persistent twins store each warpgroup's 64 rows of O through o_map (over (dim, token,
+  // head, batch), each box one 64-column panel of 64 rows, 128-byte swizzle); unused elsewhere.
+  TensorMap o_map;
 };
 
 // The rows one block serves: query rows [m0, m0 + BR) of sequence b, whose queries start at

@@ -587,19 +587,17 @@ __device__ __forceinline__ void store_rows_unaligned(const FlashFwdParams& p, co
   }
 }
 
-// Finish through shared memory, for a warpgroup's 64 rows where the plan's vector_io holds:
-// normalised and rounded to T, they go into the warpgroup's own rows of the Q tile (q_group:
-// free once its last wgmma was waited for, and DV <= DQK) in Q's swizzled layout by stmatrix
-// (8 a warp at D128 where there were 32 4-byte stores and their addresses), then out as
-// 16-byte stores, consecutive threads along a row (straight from the accumulators a warp's
-// 4-byte stores would spread over 8 rows: flash_fwd_notes v18). `barrier` is a named barrier
-// of the warpgroup's own. Outputs and LSE rounded as store_rows_unaligned's.
+// A warpgroup's 64 rows where the plan's vector_io holds, finished (finish_my_row: LSE stored)
+// and rounded to T, into the warpgroup's own rows of the Q tile (q_group: free once its last
+// wgmma was waited for, and DV <= DQK) in Q's swizzled layout by stmatrix (8 a warp at D128
+// where there were 32 4-byte stores and their addresses); store_rows_staged or (persistent
+// twins) store_rows_tma take them out from there.
 template <class T, class Tile>
-__device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const TileRef& st, int h,
-                                                  const float (&o)[Tile::DV / 2], const float (&row_max)[2],
-                                                  const float (&row_sum)[2], unsigned q_group, int group_row0,
-                                                  int my_row, int lane, unsigned barrier) {
-  constexpr int DV = Tile::DV, CHUNKS = DV / 8;  // 16-byte chunks an output row
+__device__ __forceinline__ void stage_rows(const FlashFwdParams& p, const TileRef& st, int h,
+                                           const float (&o)[Tile::DV / 2], const float (&row_max)[2],
+                                           const float (&row_sum)[2], unsigned q_group, int group_row0, int my_row,
+                                           int lane) {
+  constexpr int DV = Tile::DV;
   static_assert(DV <= Tile::DQK, "O's rows fit in the warpgroup's rows of Q");
   const int seq_q = st.seq_q(), b = st.b();
   const long long q_tok0 = st.q_tok0();
@@ -617,7 +615,22 @@ __device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const
     stmatrix_x4((lane_addr ^ ((k % 4) << 5)) + (k / 4) * (Tile::ROWS * 128), normalised_pair<T>(o, 2 * k, 0, inv[0]),
                 normalised_pair<T>(o, 2 * k, 1, inv[1]), normalised_pair<T>(o, 2 * k + 1, 0, inv[0]),
                 normalised_pair<T>(o, 2 * k + 1, 1, inv[1]));
+}
+
+// Finish through shared memory (stage_rows), then out as 16-byte stores, consecutive threads
+// along a row (straight from the accumulators a warp's 4-byte stores would spread over 8 rows:
+// flash_fwd_notes v18). `barrier` is a named barrier of the warpgroup's own. Outputs and LSE
+// rounded as store_rows_unaligned's.
+template <class T, class Tile>
+__device__ __forceinline__ void store_rows_staged(const FlashFwdParams& p, const TileRef& st, int h,
+                                                  const float (&o)[Tile::DV / 2], const float (&row_max)[2],
+                                                  const float (&row_sum)[2], unsigned q_group, int group_row0,
+                                                  int my_row, int lane, unsigned barrier) {
+  constexpr int CHUNKS = Tile::DV / 8;  // 16-byte chunks an output row
+  stage_rows<T, Tile>(p, st, h, o, row_max, row_sum, q_group, group_row0, my_row, lane);
   named_bar_sync(barrier, 128);
+  const int seq_q = st.seq_q(), b = st.b();
+  const long long q_tok0 = st.q_tok0();
   // Thread t takes chunk c = t % CHUNKS of rows r0 = t / CHUNKS, r0 + PASS, ...; where PASS is a
   // multiple of 8 its rows keep one swizzle phase, so its shared address steps by a constant as
   // its global one does, and the stores past seq_q or dim_v are predicated off rather than

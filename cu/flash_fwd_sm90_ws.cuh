@@ -248,6 +248,21 @@ __device__ __forceinline__ void tma_tile(unsigned dst, const TensorMap& map, int
                : "memory");
   tma_panels<ROWS, D / 64>(dst, map, 0, row, head, batch, bar);
 }
+// TMA store (the persistent twins' epilogue): the PANELS 128-byte panels at src (panel p at src
+// + p PANEL_BYTES, 128-byte swizzle) to `map` at (64 p, row, head, batch), the box's rows each,
+// as one bulk group; rows past the map's tokens are not written.
+template <int PANELS, int PANEL_BYTES>
+__device__ __forceinline__ void tma_store_panels(unsigned src, const TensorMap& map, int row, int head, int batch) {
+#pragma unroll
+  for (int panel = 0; panel < PANELS; ++panel)
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"(
+                     reinterpret_cast<unsigned long long>(&map)),
+                 "r"(64 * panel), "r"(row), "r"(head), "r"(batch), "r"(src + panel * PANEL_BYTES)
+                 : "memory");
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's TMA stores have read their shared memory (it may be written again).
+__device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // Raises the bytes the barrier's current phase waits for, without an arrival: copies that
 // complete on the barrier beside a tma_tile's, issued before its arrival.
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
@@ -787,17 +802,29 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
 
       // A consumer with no tile of its own never waited for Q, whose copies land in its rows too.
       if (my_begin >= my_end && tile_begin < tile_end) mbar_wait(q_full(buf), q_parity);
-      store_rows_staged<T, Tile>(p, st, st.h(), o, row_max, row_sum, q_addr(buf) + (role - 1) * 64 * 128, group_row0,
-                                 my_row, lane, Tile::STORE_BAR0 + role - 1);
+      const unsigned q_group = q_addr(buf) + (role - 1) * 64 * 128;
+      if constexpr (PERSISTENT) {
+        // The rows staged in the Q tile go out by one thread's TMA store (o_map: the host
+        // launches a twin only with it; dense, so the block's rows are the map's tokens), its
+        // reads of the tile waited for before the warp frees the tile (below).
+        stage_rows<T, Tile>(p, st, st.h(), o, row_max, row_sum, q_group, group_row0, my_row, lane);
+        fence_proxy_async();  // stmatrix's writes before the TMA unit reads them
+        named_bar_sync(Tile::STORE_BAR0 + role - 1, 128);
+        if ((threadIdx.x & 127) == 0)
+          tma_store_panels<DV / 64, ROWS * 128>(q_group, p.o_map, group_row0, st.h(), st.b());
+      } else {
+        store_rows_staged<T, Tile>(p, st, st.h(), o, row_max, row_sum, q_group, group_row0, my_row, lane,
+                                   Tile::STORE_BAR0 + role - 1);
+      }
     };
     if constexpr (!PERSISTENT) {
       consume_block(st, m0, tile_begin, tile_end, KeyRing<STAGES>{tile_begin, 0}, 0, 0u, true, true);
     } else {
       // Block i's Q waits in Q tile i % 2 (its (i / 2)-th fill), its rows in this consumer's slot
       // i % 2, written by the consumer's first thread after its barrier of block i - 1 (block 0's
-      // before the loop) and published by its barrier of block i. Once the rows are stored, every
-      // warp frees the Q tile (its generic reads and writes of it ordered before the producer's
-      // next TMA write there). The last consumer arrives after every block's last turn, and
+      // before the loop) and published by its barrier of block i. Once the TMA store has read the
+      // rows (waited for by the thread that issued it), every warp frees the Q tile (its generic
+      // reads and writes of it ordered before the producer's next TMA write there). The last consumer arrives after every block's last turn, and
       // consumer 1 takes the CTA's last arrival after its last block.
       __shared__ SeqTile group_tiles[Tile::CONSUMERS][2];
       SeqTile(&slots)[2] = group_tiles[role - 1];
@@ -818,6 +845,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         tile_range(bt, b_m0, begin, end);
         consume_block(bt, b_m0, begin, end, KeyRing<STAGES>{begin, before}, buf, q_parity, before == 0, false);
         before += end - begin;
+        if (first_thread) tma_store_wait_read();
         fence_proxy_async();
         __syncwarp();
         if (lane == 0) mbar_arrive(q_empty(buf));

@@ -570,8 +570,10 @@ def masks_stage_by_tma() -> None:
 
 def persistent_twins_share_the_blocks_out() -> None:
     """A dense TMA call of the plain D128 ping-pong kernel with more query blocks than SMs runs its
-    persistent twin: one CTA an SM (132 here), the twin's shared memory (a second Q tile), and
-    the grid the ping-pong kernel would have run in virtual_grid. Calls of no more blocks than
+    persistent twin: one CTA an SM (132 here), the twin's shared memory (a second Q tile), the
+    grid the ping-pong kernel would have run in virtual_grid, and an output map (o_map: boxes of
+    64 rows) of the output it makes or is given, rewritten when a prepared call rebinds out; an
+    output TMA cannot store to has no map, and no twin. Calls of no more blocks than
     SMs, without q / k / v maps (padded dims), with a mask or softcap (general kernels), at other
     head dims, and under PTXATTN_SM90_PERSISTENT=0 keep the ping-pong kernel on its own grid, as
     do causal calls of MIN_RUN_BLOCKS (16) query blocks a head and more (heavy-first runs) unless =1."""
@@ -593,6 +595,30 @@ def persistent_twins_share_the_blocks_out() -> None:
     assert short.name == "flash_fwd_sm90_bf16_d128_ws_pp_persistent" and short.params.tma == 1, short.name
     assert (short.grid, short.shared, short.params.heavy_first) == ((132, 1, 1), twin.shared_bytes, 1), short.grid
     assert virtual_grid(short) == (1, 8, 256) and twin.shared_bytes == pp.shared_bytes + 128 * 128 * 2
+    made = fake.fake_tensor_map(bytes(short.params.o_map))
+    assert made["address"] != 0 and made["address"] % 256 == 0, made
+    assert {k: made[k] for k in ("data_type", "dims", "strides", "box")} == {
+        "data_type": 9, "dims": (128, 1024, 16, 16), "strides": (256, 1024 * 256, 16 * 1024 * 256),
+        "box": (64, 64, 1, 1)}, made
+    q, k, v = (e((16, 16, 1024, 128), BF16) for _ in range(3))
+    bshd = e((16, 1024, 16, 128), BF16)
+    out = ptxattn.DeviceArray.view(bshd.ptr, (16, 16, 1024, 128), BF16, (1024 * 16 * 256, 256, 16 * 256, 2), q.device,
+                                   bshd)  # [B, H, S, D] over [B, S, H, D] memory
+    step = ptxattn.prepare(ptxattn.sdpa, q, k, v, out=out, causal=True, stream=STREAM)
+    given = fake.fake_tensor_map(bytes(step.launches[0].params.o_map))
+    assert given == {"data_type": 9, "address": out.ptr, "dims": (128, 1024, 16, 16),
+                     "strides": (16 * 256, 256, 1024 * 16 * 256), "box": (64, 64, 1, 1)}, given
+    out2 = e((16, 16, 1024, 128), BF16)
+    step2 = ptxattn.prepare(ptxattn.sdpa, q, k, v, out=out2, causal=True, stream=STREAM)
+    out3 = e(out2.shape, BF16)
+    step2.run(out=out3)
+    assert fake.fake_tensor_map(bytes(step2.launches[0].params.o_map))["address"] == out3.ptr
+    maps = attention.tma_maps(pp, q, k, v)
+    assert attention.persistent_twin(pp, maps, attention.out_map(out2, out2.shape, BF16), (1, 8, 256), True, 132) \
+        == twin
+    odd = ptxattn.DeviceArray.view(out2.ptr + 8, out2.shape, BF16, out2.strides, q.device, out2)
+    assert attention.out_map(odd, odd.shape, BF16) is None
+    assert attention.persistent_twin(pp, maps, None, (1, 8, 256), True, 132) is None
     long = launch(4, 32, 4096)
     assert long.name.endswith("_persistent") and virtual_grid(long) == (32, 32, 4) and long.grid == (132, 1, 1)
     assert launch(4, 32, 4096, dtype=np.float16).name == "flash_fwd_sm90_f16_d128_ws_pp_persistent"

@@ -26,6 +26,7 @@ import pytest
 import ptxattn
 from ptxattn.ops import attention
 
+from gpu_util import GuardedOutput
 from test_sdpa_gpu import BF16, F16, Case, _check, _inputs, _options
 from test_sdpa_sm90_ws_gpu import case_outputs
 
@@ -108,6 +109,28 @@ def test_persistent_matches_reference_and_one_block_a_cta_bit_for_bit(children, 
         f"o: {int((twin[f'o{i}'] != plain[f'o{i}']).sum())} elements differ (seed {seed})"
     if lse is not None:
         assert np.array_equal(lse.view(np.uint32), plain[f"lse{i}"].view(np.uint32)), f"lse differs (seed {seed})"
+
+
+def test_persistent_stores_into_an_out_of_another_layout(seed):
+    """The twin stores its output through a map of `out` (o_map), here a [B, H, S, D] view of
+    [B, S, H, D] memory inside canaries: by default on the twin, matching the reference and, bit
+    for bit, the same call into a contiguous out."""
+    case = Case(BF16, 2, 16, 4, 1000, 1000, 128, 128)  # 256 blocks, not causal: the twin by default
+    rng = np.random.default_rng([seed, len(CASES)])
+    q, k, v, mask, sinks = _inputs(case, rng)
+    bshd = GuardedOutput((case.batch, case.sq, case.hq, case.dv), case.dtype, rng)
+    item = np.dtype(case.dtype).itemsize
+    out = ptxattn.DeviceArray(bshd.array.ptr, (case.batch, case.hq, case.sq, case.dv), case.dtype,
+                              (case.sq * case.hq * case.dv * item, case.dv * item, case.hq * case.dv * item, item),
+                              bshd.array.device, bshd.whole)
+    dev = [ptxattn.asarray(x) for x in (q, k, v)]
+    (launch,) = ptxattn.prepare(ptxattn.sdpa, *dev, out=out, **_options(case)).launches
+    assert launch.name.endswith("_persistent"), launch.name
+    assert ptxattn.sdpa(*dev, out=out, **_options(case)) is out
+    got = bshd.check().transpose(0, 2, 1, 3)
+    _check(case, got, None, q, k, v, mask, sinks)
+    contiguous = ptxattn.sdpa(*dev, **_options(case)).get()
+    assert np.array_equal(got.view(np.uint16), contiguous.view(np.uint16)), "o differs from a contiguous out's"
 
 
 if __name__ == "__main__":

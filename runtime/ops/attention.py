@@ -87,7 +87,8 @@ class _FlashFwdParams(ParamStruct):
     padding field where C's alignment leaves a gap)."""
     _fields_ = _PACKED_FIELDS + _MAP_PREFIX_FIELDS + [
         ("_padding", ctypes.c_uint8 * _MAP_PADDING),
-        ("q_map", _TENSOR_MAP), ("k_map", _TENSOR_MAP), ("v_map", _TENSOR_MAP), ("mask_map", _TENSOR_MAP)]
+        ("q_map", _TENSOR_MAP), ("k_map", _TENSOR_MAP), ("v_map", _TENSOR_MAP), ("mask_map", _TENSOR_MAP),
+        ("o_map", _TENSOR_MAP)]
 
 
 # ---- validation (host only, before any device work) ---------------------------------
@@ -378,7 +379,8 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
     # deal lost 1-28 % to the hardware's dealing of a block a CTA, v41-v43).
     alike = heavy is None
     pays = alike or blocks < MIN_RUN_BLOCKS
-    persistent = persistent_twin(plan.ws_tile, maps, grid, pays, binding.device.sm_count)
+    o_map = out_map(out, (batch, hq, sq, dv), dtype) if maps is not None else None
+    persistent = persistent_twin(plan.ws_tile, maps, o_map, grid, pays, binding.device.sm_count)
     if persistent is not None:
         plan = ws_plan(persistent, dtype)
         params.virtual_grid_x, params.virtual_grid_y, params.virtual_grid_z = grid
@@ -394,6 +396,8 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
             binding.point_map(name, launch, f"{name}_map", map_spec)
     if mask_map is not None:
         binding.point_map("attn_mask", launch, "mask_map", mask_map)
+    if persistent is not None:
+        binding.point_map("out", launch, "o_map", o_map)
 
 
 # A heavy-first dense grid's runs hold as many (batch, head) pairs as keep their K / V within
@@ -432,16 +436,17 @@ def heavy_first_grid(device, blocks: int, batch: int, heads: tuple[int, int], se
     return run, blocks, pairs // run
 
 
-def persistent_twin(tile: Sm90Tile | None, maps, grid: tuple[int, int, int], pays: bool,
+def persistent_twin(tile: Sm90Tile | None, maps, o_map: MapSpec | None, grid: tuple[int, int, int], pays: bool,
                     sm_count: int) -> Sm90Tile | None:
     """The persistent twin (cu/flash_fwd_sm90_ws.cuh, PERSISTENT) to run in place of `tile` on a
     dense call's `grid`, its CTAs one an SM dealing the blocks out among them, each loading its
     next block's Q and first K / V tiles while it finishes the one before (a short block's start
     and end are otherwise its SM's idle time); or None: no twin for the tile, no TMA maps (the
-    twin loads by TMA alone), no more blocks than SMs, PTXATTN_SM90_PERSISTENT=0, or (unset) a
+    twin loads q, k and v and stores its output by TMA alone: `maps` and `o_map`), no more
+    blocks than SMs, PTXATTN_SM90_PERSISTENT=0, or (unset) a
     call where the twin does not pay (`pays` false: causal heads of MIN_RUN_BLOCKS or more)."""
     setting = sm90_persistent_setting()
-    if (tile is None or maps is None or not tile.pingpong or tile.general or math.prod(grid) <= sm_count
+    if (tile is None or maps is None or o_map is None or not tile.pingpong or tile.general or math.prod(grid) <= sm_count
             or setting is False or (not pays and setting is None)):
         return None
     return sm90_persistent_tiles().get(tile.dim)
@@ -456,6 +461,19 @@ def tma_maps(tile: Sm90Tile | None, q, k, v) -> tuple[MapSpec, MapSpec, MapSpec]
         return None
     maps = (tensor_map.spec(q, tile.rows), tensor_map.spec(k, tile.keys), tensor_map.spec(v, tile.keys))
     return None if None in maps else maps
+
+
+# Rows of a persistent twin's output box: a consumer warpgroup's (cu/flash_fwd_sm90_ws.cuh).
+OUT_BOX_ROWS = 64
+
+
+def out_map(out, shape: tuple[int, int, int, int], dtype) -> MapSpec | None:
+    """The map a persistent twin stores its output through (FlashFwdParams.o_map), in boxes of a
+    consumer warpgroup's 64 rows: of `out`, or of the contiguous [B, H, S, Dv] output the call
+    makes (256-byte aligned), or None where TMA cannot store to `out` (tensor_map.layout_spec)."""
+    if out is not None:
+        return tensor_map.spec(out, OUT_BOX_ROWS)
+    return tensor_map.layout_spec(dtype, 256, shape, contiguous(shape), OUT_BOX_ROWS)
 
 
 def staged_mask_twin(tile: Sm90Tile | None) -> Sm90Tile | None:
