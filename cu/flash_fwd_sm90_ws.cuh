@@ -5,7 +5,8 @@
 // made by general_scores as in flash_fwd_wgmma's general kernels. Same parameters and
 // semantics as those kernels; query blocks of 64 GROUPS rows (grid x). Included by
 // flash_fwd_sm90.cu after the per-tile steps it shares with flash_fwd_wgmma (issue_qk,
-// general_scores, cut_keys, online_softmax, pack_p, issue_pv, store_rows_staged, named_bar_*).
+// general_scores, cut_keys, online_softmax, pack_p, issue_pv, stage_rows, store_rows_staged,
+// named_bar_*).
 //
 // A CTA is 1 + GROUPS warpgroups: warpgroup 0 the producer, 1 .. GROUPS consumers of 64 query
 // rows each (rows 64 (g - 1) .. of the block). setmaxnreg moves registers from the producer
@@ -123,7 +124,10 @@
 // of block i, which every thread of it passes after its last read of block i - 1's slot, and
 // block i + 1's barrier publishes them. So no data passes between warpgroups by mbarrier alone
 // (compute-sanitizer's racecheck does not order generic accesses by mbarrier waits). The
-// consumers stage a block's output rows in its Q tile as above, then every consumer warp
+// consumers stage a block's output rows in its Q tile as above (stage_rows), and each one's
+// first thread stores its 64 rows by TMA (p.o_map, which the host builds for the twin: an
+// output TMA cannot store to gets no twin; a fence.proxy.async orders the stmatrix writes
+// before the store's reads) and waits until the store has read them; then every consumer warp
 // arrives on the tile's empty barrier (after a fence.proxy.async, as TMA writes it next), which
 // thread 0 waits on before loading block i + 2 there. Every block's Q is loaded, one with no key
 // tile too, so the Q tiles' phases stay in step. The K / V ring runs on from block to block
