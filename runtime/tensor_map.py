@@ -1,12 +1,14 @@
-"""Tensor maps (CUtensorMap) for the TMA loads of the sm_90a warp-specialized sdpa kernels.
+"""Tensor maps (CUtensorMap) for the TMA loads of the sm_90a warp-specialized sdpa kernels (and
+the persistent twin's store of its output).
 
 A dense q, k or v of shape [B, H, S, D] is described to the TMA unit as a 4-D tensor over
 (dim, token, head, batch), innermost first, with byte strides, and a box of one 128-byte
 panel (64 columns of a 16-bit element, the width of the 128-byte swizzle the kernels' shared
 memory uses) by a tile's rows. The kernel copies tile panels through the map
-(cu/flash_fwd_sm90_ws.cuh, tma_tile); rows past S and columns past D arrive as zeros. An
-attention mask [B, Hq, Sq, Skv] (16-bit or bool: 128 columns a panel) is mapped the same way,
-its keys in place of D (a staged mask).
+(cu/flash_fwd_sm90_ws.cuh, tma_tile); rows past S and columns past D arrive as zeros (and a
+store writes none past them). An output is mapped as q is, in boxes of a consumer's 64 rows;
+an attention mask [B, Hq, Sq, Skv] (16-bit or bool: 128 columns a panel) the same way, its
+keys in place of D (a staged mask).
 
 `spec(arr, rows)` says whether an array can be loaded that way (and how), `encode(address,
 spec, ordinal)` returns the map's 128 bytes. A map holds the array's address, so a call

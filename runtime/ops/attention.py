@@ -443,11 +443,11 @@ def persistent_twin(tile: Sm90Tile | None, maps, o_map: MapSpec | None, grid: tu
     next block's Q and first K / V tiles while it finishes the one before (a short block's start
     and end are otherwise its SM's idle time); or None: no twin for the tile, no TMA maps (the
     twin loads q, k and v and stores its output by TMA alone: `maps` and `o_map`), no more
-    blocks than SMs, PTXATTN_SM90_PERSISTENT=0, or (unset) a
-    call where the twin does not pay (`pays` false: causal heads of MIN_RUN_BLOCKS or more)."""
+    blocks than SMs, PTXATTN_SM90_PERSISTENT=0, or (unset) a call where the twin does not pay
+    (`pays` false: causal heads of MIN_RUN_BLOCKS or more)."""
     setting = sm90_persistent_setting()
-    if (tile is None or maps is None or o_map is None or not tile.pingpong or tile.general or math.prod(grid) <= sm_count
-            or setting is False or (not pays and setting is None)):
+    if (tile is None or maps is None or o_map is None or not tile.pingpong or tile.general
+            or math.prod(grid) <= sm_count or setting is False or (not pays and setting is None)):
         return None
     return sm90_persistent_tiles().get(tile.dim)
 
