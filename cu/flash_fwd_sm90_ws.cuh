@@ -828,8 +828,9 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       // i % 2, written by the consumer's first thread after its barrier of block i - 1 (block 0's
       // before the loop) and published by its barrier of block i. Once the TMA store has read the
       // rows (waited for by the thread that issued it), every warp frees the Q tile (its generic
-      // reads and writes of it ordered before the producer's next TMA write there). The last consumer arrives after every block's last turn, and
-      // consumer 1 takes the CTA's last arrival after its last block.
+      // reads and writes of it ordered before the producer's next TMA write there). The last
+      // consumer arrives after every block's last turn, and consumer 1 takes the CTA's last
+      // arrival after its last block.
       __shared__ SeqTile group_tiles[Tile::CONSUMERS][2];
       SeqTile(&slots)[2] = group_tiles[role - 1];
       const bool first_thread = (threadIdx.x & 127) == 0;
