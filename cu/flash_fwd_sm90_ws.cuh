@@ -834,15 +834,25 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       __shared__ SeqTile group_tiles[Tile::CONSUMERS][2];
       SeqTile(&slots)[2] = group_tiles[role - 1];
       const bool first_thread = (threadIdx.x & 127) == 0;
+      // A warp frees Q tile `buf` of the block before the one begun (after that one's barrier: the
+      // TMA store's read of the tile runs beside its start), or after the last block.
+      auto release_q = [&](int buf) {
+        if (first_thread) tma_store_wait_read();
+        fence_proxy_async();
+        __syncwarp();
+        if (lane == 0) mbar_arrive(q_empty(buf));
+      };
       if (first_thread) virtual_tile<ROWS>(p, slots[0], blockIdx.x);
       int before = 0;  // the key tiles of the blocks run so far: a turn was taken once there are any
-      for (int i = 0, block = blockIdx.x; block < virtual_blocks(p);) {
+      int i = 0;  // blocks begun
+      for (int block = blockIdx.x; block < virtual_blocks(p);) {
         const int buf = i & 1;
         const unsigned q_parity = static_cast<unsigned>(i >> 1) & 1u;
         named_bar_sync(Tile::STORE_BAR0 + role - 1, 128);
         const int next = persistent_block(++i);
         if (first_thread && next < virtual_blocks(p)) virtual_tile<ROWS>(p, slots[buf ^ 1], next);
         block = next;
+        if (i > 1) release_q(buf ^ 1);  // block i - 2's
         mbar_wait(q_full(buf), q_parity);
         const TileRef bt{slots[buf]};
         const int b_m0 = bt.m0();
@@ -850,11 +860,8 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         tile_range(bt, b_m0, begin, end);
         consume_block(bt, b_m0, begin, end, KeyRing<STAGES>{begin, before}, buf, q_parity, before == 0, false);
         before += end - begin;
-        if (first_thread) tma_store_wait_read();
-        fence_proxy_async();
-        __syncwarp();
-        if (lane == 0) mbar_arrive(q_empty(buf));
       }
+      if (i > 0) release_q((i - 1) & 1);
       if (role == 1 && before > 0) named_bar_sync(Tile::PP_BAR0, 256);
     }
   }
