@@ -127,10 +127,11 @@
 // consumers stage a block's output rows in its Q tile as above (stage_rows), and each one's
 // first thread stores its 64 rows by TMA (p.o_map, which the host builds for the twin: an
 // output TMA cannot store to gets no twin; a fence.proxy.async orders the stmatrix writes
-// before the store's reads) and waits until the store has read them; then every consumer warp
-// arrives on the tile's empty barrier (after a fence.proxy.async, as TMA writes it next), which
-// thread 0 waits on before loading block i + 2 there. Every block's Q is loaded, one with no key
-// tile too, so the Q tiles' phases stay in step. The K / V ring runs on from block to block
+// before the store's reads); after the consumer's barrier of block i + 1 that thread waits
+// until the store has read them and every consumer warp arrives on the tile's empty barrier
+// (after a fence.proxy.async, as TMA writes it next), which thread 0 waits on before loading
+// block i + 2 there. Every block's Q is loaded, one with no key tile too, so the Q tiles'
+// phases stay in step. The K / V ring runs on from block to block
 // (KeyRing counts the CTA's tiles), and so do the turns: the last consumer also arrives after
 // each block's last turn, consumer 1 waits in each block's first turn but the CTA's first, and
 // it takes the last arrival after the CTA's last block, so every named barrier sees as many
@@ -826,11 +827,13 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     } else {
       // Block i's Q waits in Q tile i % 2 (its (i / 2)-th fill), its rows in this consumer's slot
       // i % 2, written by the consumer's first thread after its barrier of block i - 1 (block 0's
-      // before the loop) and published by its barrier of block i. Once the TMA store has read the
-      // rows (waited for by the thread that issued it), every warp frees the Q tile (its generic
-      // reads and writes of it ordered before the producer's next TMA write there). The last
-      // consumer arrives after every block's last turn, and consumer 1 takes the CTA's last
-      // arrival after its last block.
+      // before the loop) and published by its barrier of block i. Every warp frees block i's Q
+      // tile after its barrier of block i + 1 (or after the CTA's last block), once the TMA store
+      // has read the rows (waited for by the thread that issued it) and its generic reads and
+      // writes of the tile are ordered before the producer's next TMA write there: the producer
+      // needs the tile only for block i + 2, and the barrier waits on this consumer's warps
+      // alone. The last consumer arrives after every block's last turn, and consumer 1 takes the
+      // CTA's last arrival after its last block.
       __shared__ SeqTile group_tiles[Tile::CONSUMERS][2];
       SeqTile(&slots)[2] = group_tiles[role - 1];
       const bool first_thread = (threadIdx.x & 127) == 0;
