@@ -572,9 +572,9 @@ def persistent_twins_share_the_blocks_out() -> None:
     """A dense TMA call of the plain D128 ping-pong kernel with more query blocks than SMs runs its
     persistent twin: one CTA an SM (132 here), the twin's shared memory (a second Q tile), the
     grid the ping-pong kernel would have run in virtual_grid, and an output map (o_map: boxes of
-    64 rows) of the output it makes or is given, rewritten when a prepared call rebinds out; an
-    output TMA cannot store to has no map, and no twin. Calls of no more blocks than
-    SMs, without q / k / v maps (padded dims), with a mask or softcap (general kernels), at other
+    64 rows) of the output it makes or is given, rewritten by every eager call and when a
+    prepared call rebinds out; an output TMA cannot store to has no map, and no twin. Calls of
+    no more blocks than SMs, without q / k / v maps (padded dims), with a mask or softcap (general kernels), at other
     head dims, and under PTXATTN_SM90_PERSISTENT=0 keep the ping-pong kernel on its own grid, as
     do causal calls of MIN_RUN_BLOCKS (16) query blocks a head and more (heavy-first runs) unless =1."""
     from ptxattn.ops import attention
@@ -601,6 +601,11 @@ def persistent_twins_share_the_blocks_out() -> None:
         "data_type": 9, "dims": (128, 1024, 16, 16), "strides": (256, 1024 * 256, 16 * 1024 * 256),
         "box": (64, 64, 1, 1)}, made
     q, k, v = (e((16, 16, 1024, 128), BF16) for _ in range(3))
+    first = ptxattn.sdpa(q, k, v, causal=True, stream=STREAM)  # eager: outputs from the pool, first kept
+    second = ptxattn.sdpa(q, k, v, causal=True, stream=STREAM)
+    (eager,) = next(reversed(prepared._cache().values())).launches
+    assert eager.name.endswith("_persistent") and first.ptr != second.ptr, (eager.name, first.ptr)
+    assert fake.fake_tensor_map(bytes(eager.params.o_map))["address"] == second.ptr
     bshd = e((16, 1024, 16, 128), BF16)
     out = ptxattn.DeviceArray.view(bshd.ptr, (16, 16, 1024, 128), BF16, (1024 * 16 * 256, 256, 16 * 256, 2), q.device,
                                    bshd)  # [B, H, S, D] over [B, S, H, D] memory
