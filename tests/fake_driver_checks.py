@@ -574,9 +574,10 @@ def persistent_twins_share_the_blocks_out() -> None:
     grid the ping-pong kernel would have run in virtual_grid, and an output map (o_map: boxes of
     64 rows) of the output it makes or is given, rewritten by every eager call and when a
     prepared call rebinds out; an output TMA cannot store to has no map, and no twin. Calls of
-    no more blocks than SMs, without q / k / v maps (padded dims), with a mask or softcap (general kernels), at other
-    head dims, and under PTXATTN_SM90_PERSISTENT=0 keep the ping-pong kernel on its own grid, as
-    do causal calls of MIN_RUN_BLOCKS (16) query blocks a head and more (heavy-first runs) unless =1."""
+    no more blocks than SMs, without q / k / v maps (padded dims), with a mask or softcap
+    (general kernels), at other head dims, and under PTXATTN_SM90_PERSISTENT=0 keep the
+    ping-pong kernel on its own grid, as do causal calls of MIN_RUN_BLOCKS (16) query blocks a
+    head and more (heavy-first runs) unless =1."""
     from ptxattn.ops import attention
     from ptxattn.variants import sm90_persistent_tiles, sm90_ws_pp_tiles
 
