@@ -591,7 +591,7 @@ __device__ __forceinline__ void store_rows_unaligned(const FlashFwdParams& p, co
 // and rounded to T, into the warpgroup's own rows of the Q tile (q_group: free once its last
 // wgmma was waited for, and DV <= DQK) in Q's swizzled layout by stmatrix (8 a warp at D128
 // where there were 32 4-byte stores and their addresses); store_rows_staged or (persistent
-// twins, flash_fwd_sm90_ws.cuh) a TMA store takes them out from there.
+// twins) flash_fwd_sm90_ws.cuh's store_rows_tma takes them out from there.
 template <class T, class Tile>
 __device__ __forceinline__ void stage_rows(const FlashFwdParams& p, const TileRef& st, int h,
                                            const float (&o)[Tile::DV / 2], const float (&row_max)[2],

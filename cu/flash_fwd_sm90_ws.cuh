@@ -124,8 +124,8 @@
 // of block i, which every thread of it passes after its last read of block i - 1's slot, and
 // block i + 1's barrier publishes them. So no data passes between warpgroups by mbarrier alone
 // (compute-sanitizer's racecheck does not order generic accesses by mbarrier waits). The
-// consumers stage a block's output rows in its Q tile as above (stage_rows), and each one's
-// first thread stores its 64 rows by TMA (p.o_map, which the host builds for the twin: an
+// consumers stage a block's output rows in its Q tile as above, and each one's first thread
+// stores its 64 rows by TMA (store_rows_tma, through p.o_map, which the host builds for the twin: an
 // output TMA cannot store to gets no twin; a fence.proxy.async orders the stmatrix writes
 // before the store's reads); after the consumer's barrier of block i + 1 that thread waits
 // until the store has read them and every consumer warp arrives on the tile's empty barrier
@@ -268,6 +268,21 @@ __device__ __forceinline__ void tma_store_panels(unsigned src, const TensorMap& 
 }
 // Waits until this thread's TMA stores have read their shared memory (it may be written again).
 __device__ __forceinline__ void tma_store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// The persistent twins' epilogue: the warpgroup's rows staged in the Q tile (stage_rows) go out
+// by its first thread's TMA store through p.o_map (the host launches a twin only with it;
+// dense, so the block's rows are the map's tokens). That thread waits for the store's reads of
+// the tile before its warp frees the tile (the persistent loop's release_q).
+template <class T, class Tile>
+__device__ __forceinline__ void store_rows_tma(const FlashFwdParams& p, const TileRef& st,
+                                               const float (&o)[Tile::DV / 2], const float (&row_max)[2],
+                                               const float (&row_sum)[2], unsigned q_group, int group_row0,
+                                               int my_row, int lane, unsigned barrier) {
+  stage_rows<T, Tile>(p, st, st.h(), o, row_max, row_sum, q_group, group_row0, my_row, lane);
+  fence_proxy_async();  // stmatrix's writes before the TMA unit reads them
+  named_bar_sync(barrier, 128);
+  if ((threadIdx.x & 127) == 0)
+    tma_store_panels<Tile::DV / 64, Tile::ROWS * 128>(q_group, p.o_map, group_row0, st.h(), st.b());
+}
 // Raises the bytes the barrier's current phase waits for, without an arrival: copies that
 // complete on the barrier beside a tma_tile's, issued before its arrival.
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
@@ -808,19 +823,12 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       // A consumer with no tile of its own never waited for Q, whose copies land in its rows too.
       if (my_begin >= my_end && tile_begin < tile_end) mbar_wait(q_full(buf), q_parity);
       const unsigned q_group = q_addr(buf) + (role - 1) * 64 * 128;
-      if constexpr (PERSISTENT) {
-        // The rows staged in the Q tile go out by one thread's TMA store (o_map: the host
-        // launches a twin only with it; dense, so the block's rows are the map's tokens), its
-        // reads of the tile waited for before the warp frees the tile (below).
-        stage_rows<T, Tile>(p, st, st.h(), o, row_max, row_sum, q_group, group_row0, my_row, lane);
-        fence_proxy_async();  // stmatrix's writes before the TMA unit reads them
-        named_bar_sync(Tile::STORE_BAR0 + role - 1, 128);
-        if ((threadIdx.x & 127) == 0)
-          tma_store_panels<DV / 64, ROWS * 128>(q_group, p.o_map, group_row0, st.h(), st.b());
-      } else {
+      if constexpr (PERSISTENT)
+        store_rows_tma<T, Tile>(p, st, o, row_max, row_sum, q_group, group_row0, my_row, lane,
+                                Tile::STORE_BAR0 + role - 1);
+      else
         store_rows_staged<T, Tile>(p, st, st.h(), o, row_max, row_sum, q_group, group_row0, my_row, lane,
                                    Tile::STORE_BAR0 + role - 1);
-      }
     };
     if constexpr (!PERSISTENT) {
       consume_block(st, m0, tile_begin, tile_end, KeyRing<STAGES>{tile_begin, 0}, 0, 0u, true, true);
