@@ -15,6 +15,13 @@ struct alignas(64) TensorMap {
   unsigned long long opaque[16];
 };
 
+// n / d for 0 <= n < 2^31 by a multiply and a shift, d > 0 given as mul = ceil(2^shift / d),
+// shift = 31 + ceil(log2 d) (runtime/ops/attention.py, fast_divisor: the rounding up adds less
+// than n / 2^shift < 1 / d to n / d, never enough to reach the next integer).
+__device__ __forceinline__ int fast_div(int n, unsigned mul, int shift) {
+  return static_cast<int>((static_cast<unsigned long long>(static_cast<unsigned>(n)) * mul) >> shift);
+}
+
 // Mirrored by runtime/ops/attention.py (_FlashFwdParams): same fields, same order.
 struct FlashFwdParams {
   const void* q;
@@ -66,6 +73,10 @@ struct FlashFwdParams {
   // The persistent twins (flash_fwd_sm90_ws.cuh, launched with fewer CTAs than blocks): the grid
   // the non-persistent kernel would run, whose blocks the CTAs share out (dense_tile's layout).
   int virtual_grid_x, virtual_grid_y, virtual_grid_z;
+  // ... and the divisors virtual_tile takes its blocks apart by: virtual_grid_x, virtual_grid_y
+  // and heads_q as fast_div's (mul, shift) pairs (set with virtual_grid; unused elsewhere).
+  unsigned virtual_div_x_mul, virtual_div_y_mul, heads_q_div_mul;
+  int virtual_div_x_shift, virtual_div_y_shift, heads_q_div_shift;
   // The staged-mask twins of the general ws kernels (launched with tma 1) also load each key
   // tile's mask tile through mask_map, over (key, query, head, batch), each box one 128-byte
   // panel of the tile's rows (flash_fwd_sm90_ws.cuh); unused by every other kernel.
@@ -130,17 +141,21 @@ __device__ __forceinline__ void dense_tile(const FlashFwdParams& p, SeqTile& t) 
 // dense_tile's rows for a persistent twin's virtual block `block` (p.virtual_grid's blocks in
 // launch order) in place of blockIdx / gridDim. Apart from dense_tile, whose every kernel's
 // PTX moved (ctaid reads hoisted) when it called a shared body.
+// Its divisions are fast_div's: a twin's consumer finds its next block's rows between two
+// of its blocks, where four integer divisions (~25 instructions each) stood.
 template <int BR>
 __device__ __forceinline__ void virtual_tile(const FlashFwdParams& p, SeqTile& t, int block) {
   const int gx = p.virtual_grid_x, gy = p.virtual_grid_y;
-  const int x = block % gx, y = block / gx % gy, z = block / (gx * gy);
+  const int yz = fast_div(block, p.virtual_div_x_mul, p.virtual_div_x_shift);
+  const int z = fast_div(yz, p.virtual_div_y_mul, p.virtual_div_y_shift);
+  const int x = block - yz * gx, y = yz - z * gy;
   t.seq_q = p.seq_q, t.seq_kv = p.seq_kv, t.q_tok0 = 0, t.k_tok0 = 0, t.diag_offset = p.diag_offset;
   if (!p.heavy_first) {
     t.b = z, t.h = y, t.m0 = x * BR;
     return;
   }
   const int head = z * gx + x;
-  t.b = head / p.heads_q, t.h = head - t.b * p.heads_q, t.m0 = (gy - 1 - y) * BR;
+  t.b = fast_div(head, p.heads_q_div_mul, p.heads_q_div_shift), t.h = head - t.b * p.heads_q, t.m0 = (gy - 1 - y) * BR;
 }
 
 // Which rows this block serves, as warp 0 finds them; false when none (a spare block of a

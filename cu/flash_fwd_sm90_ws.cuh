@@ -512,7 +512,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     }
   }
   if (threadIdx.x == 32) {  // warp 1, while warp 0 finds the block's rows
-    const unsigned fillers = p.tma ? 1 : 128;  // the producer threads that arrive on a full barrier
+    const unsigned fillers = loads_by_tma() ? 1 : 128;  // the producer threads that arrive on a full barrier
     mbar_init(q_full(0), fillers);
     if constexpr (PERSISTENT) mbar_init(q_full(1), fillers);
 #pragma unroll
@@ -523,7 +523,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       mbar_init(v_empty(s), 4 * Tile::CONSUMERS);
     }
     mbar_fence_init();
-    if (Tile::CONSUMERS == 2 && p.tma) {
+    if (Tile::CONSUMERS == 2 && loads_by_tma()) {
       // Q and the ring's first tiles are on their way before the block's __syncthreads (a short
       // block's start is its Q and first K waited for): a dense call's rows come from blockIdx
       // and the parameters alone (tma implies dense), and barriers this thread initialized take
@@ -643,9 +643,26 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         cut_keys<KEYS, PERSISTENT>(s, st.window(p), t * KEYS, st.seq_kv(), group_row0, my_row, lane);
       };
 
+      // The block's tiles rows_see_tile holds for this warpgroup's rows: (tile_end, tile_end)
+      // where there are none. The twins take them in closed form, tile t iff
+      // first_visible_key(first row) / KEYS <= t <= last_visible_key(last row) / KEYS (floor
+      // division; keys past Skv count, as there), where two loops of 64-bit compares stood; in
+      // the d128 and d192 / 128 ping-pong kernels that made ptxas serialize the wgmmas (C7511).
       int my_begin = tile_begin, my_end = tile_end;
-      while (my_begin < my_end && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_begin)) ++my_begin;
-      while (my_end > my_begin && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_end - 1)) --my_end;
+      if constexpr (!PERSISTENT) {
+        while (my_begin < my_end && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_begin)) ++my_begin;
+        while (my_end > my_begin && !rows_see_tile<KEYS>(st, p, group_row0, 64, my_end - 1)) --my_end;
+      } else {
+        my_begin = tile_end;
+        const KeyWindow win = st.window(p);
+        const long long first = max(first_visible_key(win, group_row0), 0LL);
+        const long long last = last_visible_key(win, min(group_row0 + 64, st.seq_q()) - 1);
+        if (group_row0 < st.seq_q() && last >= 0) {
+          const int lo = max(static_cast<int>(min(first / KEYS, static_cast<long long>(tile_end))), tile_begin);
+          const int hi = static_cast<int>(min(last / KEYS + 1, static_cast<long long>(tile_end)));
+          if (lo < hi) my_begin = lo, my_end = hi;
+        }
+      }
 
       // A tile's K or V has landed; a wgmma may read it once a fence.proxy.async follows, where
       // cp.async wrote it (the generic proxy). TMA writes through the async proxy, as wgmma reads:

@@ -571,13 +571,13 @@ def masks_stage_by_tma() -> None:
 def persistent_twins_share_the_blocks_out() -> None:
     """A dense TMA call of the plain D128 ping-pong kernel with more query blocks than SMs runs its
     persistent twin: one CTA an SM (132 here), the twin's shared memory (a second Q tile), the
-    grid the ping-pong kernel would have run in virtual_grid, and an output map (o_map: boxes of
-    64 rows) of the output it makes or is given, rewritten by every eager call and when a
-    prepared call rebinds out; an output TMA cannot store to has no map, and no twin. Calls of
-    no more blocks than SMs, without q / k / v maps (padded dims), with a mask or softcap
-    (general kernels), at other head dims, and under PTXATTN_SM90_PERSISTENT=0 keep the
-    ping-pong kernel on its own grid, as do causal calls of MIN_RUN_BLOCKS (16) query blocks a
-    head and more (heavy-first runs) unless =1."""
+    grid the ping-pong kernel would have run in virtual_grid (and its x and y extents and Hq as
+    fast_divisor pairs), and an output map (o_map: boxes of 64 rows) of the output it makes or
+    is given, rewritten by every eager call and when a prepared call rebinds out; an output TMA
+    cannot store to has no map, and no twin. Calls of no more blocks than SMs, without q / k / v
+    maps (padded dims), with a mask or softcap (general kernels), at other head dims, and under
+    PTXATTN_SM90_PERSISTENT=0 keep the ping-pong kernel on its own grid, as do causal calls of
+    MIN_RUN_BLOCKS (16) query blocks a head and more (heavy-first runs) unless =1."""
     from ptxattn.ops import attention
     from ptxattn.variants import sm90_persistent_tiles, sm90_ws_pp_tiles
 
@@ -596,6 +596,9 @@ def persistent_twins_share_the_blocks_out() -> None:
     assert short.name == "flash_fwd_sm90_bf16_d128_ws_pp_persistent" and short.params.tma == 1, short.name
     assert (short.grid, short.shared, short.params.heavy_first) == ((132, 1, 1), twin.shared_bytes, 1), short.grid
     assert virtual_grid(short) == (1, 8, 256) and twin.shared_bytes == pp.shared_bytes + 128 * 128 * 2
+    divisors = [(getattr(short.params, f"{name}_mul"), getattr(short.params, f"{name}_shift"))
+                for name in ("virtual_div_x", "virtual_div_y", "heads_q_div")]
+    assert divisors == [attention.fast_divisor(n) for n in (1, 8, 16)], divisors
     made = fake.fake_tensor_map(bytes(short.params.o_map))
     assert made["address"] != 0 and made["address"] % 256 == 0, made
     assert {k: made[k] for k in ("data_type", "dims", "strides", "box")} == {

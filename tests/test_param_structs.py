@@ -20,7 +20,7 @@ from ptxattn.module import ParamStruct
 CU = Path(__file__).resolve().parent.parent / "cu"
 
 # The C field types the kernels' structs use (cu/README.md) and their ctypes mirrors.
-C_TYPES = {"long long": ctypes.c_int64, "int": ctypes.c_int32, "float": ctypes.c_float,
+C_TYPES = {"long long": ctypes.c_int64, "int": ctypes.c_int32, "unsigned": ctypes.c_uint32, "float": ctypes.c_float,
            "TensorMap": ctypes.c_uint8 * 128}  # struct alignas(64) TensorMap in cu/flash_fwd_common.cuh
 
 

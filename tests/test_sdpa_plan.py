@@ -1,13 +1,15 @@
 """The grid of causal dense sdpa calls (runtime/ops/attention.py heavy_first_grid): runs of
 (batch, head) pairs that divide B x Hq, fit the L2 share, stay within the grid's limits, and
-are one pair where a head has few query blocks."""
+are one pair where a head has few query blocks; and the divisors a persistent twin takes its
+virtual grid apart with (fast_divisor)."""
 from __future__ import annotations
 
+import random
 from types import SimpleNamespace
 
 import pytest
 
-from ptxattn.ops.attention import MAX_GRID_YZ, MIN_RUN_BLOCKS, heavy_first_grid, heavy_run_pairs
+from ptxattn.ops.attention import MAX_GRID_YZ, MIN_RUN_BLOCKS, fast_divisor, heavy_first_grid, heavy_run_pairs
 
 L2 = 50 << 20
 
@@ -46,3 +48,20 @@ def test_grid_is_pairs_of_a_run_blocks_runs():
 def test_too_many_blocks_for_grid_y_take_the_plain_grid():
     device = SimpleNamespace(l2_bytes=L2)
     assert heavy_first_grid(device, MAX_GRID_YZ + 1, 1, (1, 1), 1, (64, 64), 2) is None
+
+
+def test_fast_divisors_divide_every_nonnegative_int32_exactly():
+    """(n * mul) >> shift, as fast_div computes it in 64-bit unsigned arithmetic, is n // d at the
+    edges (0, around each multiple of d, 2**31 - 1) and at random n, for small d, powers of two
+    and their neighbours, and random d up to 2**31 - 1; mul fits 32 bits."""
+    rng = random.Random(1234)
+    divisors = list(range(1, 2049)) + [2 ** k + e for k in range(11, 31) for e in (-1, 0, 1)] + [2 ** 31 - 1]
+    divisors += [rng.randrange(1, 2 ** 31) for _ in range(2000)]
+    for d in divisors:
+        mul, shift = fast_divisor(d)
+        assert 0 < mul < 2 ** 32 and shift < 64, (d, mul, shift)
+        multiples = [d * rng.randrange(0, (2 ** 31 - 1) // d + 1) for _ in range(20)] + [d, d * ((2 ** 31 - 1) // d)]
+        ns = [0, 2 ** 31 - 1] + [m + e for m in multiples for e in (-1, 0, 1) if 0 <= m + e < 2 ** 31]
+        ns += [rng.randrange(0, 2 ** 31) for _ in range(20)]
+        for n in ns:
+            assert (n * mul) % 2 ** 64 >> shift == n // d, (n, d, mul, shift)

@@ -70,7 +70,9 @@ _PACKED_FIELDS = [
 
 # The fields between the packed ones and the tensor maps (each run or plan sets them).
 _MAP_PREFIX_FIELDS = [("tma", ctypes.c_int32), ("virtual_grid_x", ctypes.c_int32),
-                      ("virtual_grid_y", ctypes.c_int32), ("virtual_grid_z", ctypes.c_int32)]
+                      ("virtual_grid_y", ctypes.c_int32), ("virtual_grid_z", ctypes.c_int32)] + [
+    (f"{name}_{part}", kind) for part, kind in (("mul", ctypes.c_uint32), ("shift", ctypes.c_int32))
+    for name in ("virtual_div_x", "virtual_div_y", "heads_q_div")]  # fast_divisor's pairs
 
 
 class _PackedPrefix(ctypes.Structure):
@@ -384,6 +386,10 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
     if persistent is not None:
         plan = ws_plan(persistent, dtype)
         params.virtual_grid_x, params.virtual_grid_y, params.virtual_grid_z = grid
+        for name, divisor in (("virtual_div_x", grid[0]), ("virtual_div_y", grid[1]), ("heads_q_div", hq)):
+            mul, shift = fast_divisor(divisor)
+            setattr(params, f"{name}_mul", mul)
+            setattr(params, f"{name}_shift", shift)
         grid = (binding.device.sm_count, 1, 1)  # a CTA an SM: its shared memory leaves room for no other
     launch = binding.launch(plan.kernel, grid, (plan.threads, 1, 1), params, plan.shared)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
@@ -450,6 +456,14 @@ def persistent_twin(tile: Sm90Tile | None, maps, o_map: MapSpec | None, grid: tu
             or math.prod(grid) <= sm_count or setting is False or (not pays and setting is None)):
         return None
     return sm90_persistent_tiles().get(tile.dim)
+
+
+def fast_divisor(d: int) -> tuple[int, int]:
+    """(mul, shift) for fast_div (cu/flash_fwd_common.cuh) to divide by d > 0: (n * mul) >> shift ==
+    n // d for every 0 <= n < 2**31, with shift = 31 + ceil(log2 d) and mul = ceil(2**shift / d)
+    < 2**32 (the rounding up adds less than n / 2**shift < 1 / d to n / d)."""
+    shift = 31 + (d - 1).bit_length()
+    return -(-(1 << shift) // d), shift
 
 
 def tma_maps(tile: Sm90Tile | None, q, k, v) -> tuple[MapSpec, MapSpec, MapSpec] | None:
