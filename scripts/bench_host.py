@@ -50,6 +50,9 @@ def _cases():
     yield ("sdpa", "B2 H8 S512 D128, out= out_lse=",
            lambda: ptxattn.sdpa(q, q, q, out=out, out_lse=lse, stream=s),
            ptxattn.prepare(ptxattn.sdpa, q, q, q, out=out, out_lse=lse, stream=s))
+    tq = e((4, 16, 512, 128), bf16)  # more blocks than SMs: the persistent twin, on the fake H200 too
+    yield ("sdpa", "B4 H16 S512 D128 causal, nothing preallocated (persistent)",
+           lambda: ptxattn.sdpa(tq, tq, tq, causal=True, stream=s), None)
     dq, dout = e((8, 32, 1, 128), bf16), e((8, 32, 1, 128), bf16)
     kc = e((8, 8, 4096, 128), bf16)
     lens = e((8,), np.int32)

@@ -1,8 +1,8 @@
 """Host cost of launching: a bare kernel launch through ptxattn's path next to raw
 cuda-python, then what a user's op call costs on the host (eager on DeviceArrays, on torch
 tensors and CuPy arrays, prepared, and the raw cuLaunchKernel calls of the same launches)
-beside torch's F.scaled_dot_product_attention, and eager decode back to back against its
-replayed graph.
+beside torch's F.scaled_dot_product_attention, and eager decode and sdpa back to back against
+their replayed graphs.
 
 Host microseconds per call are the median over calls each made with an empty queue (after a
 synchronize), so they are the host's cost alone. With --baseline DIR the eager op calls of
@@ -199,6 +199,18 @@ def _foreign_rows(np, cases, stream) -> list[dict]:
     return rows
 
 
+def _back_to_back_rows(label: str, modes: dict, stream, calls: int, rate) -> list[dict]:
+    """A row per mode (name -> call; one is "graph replay") of `label`, its calls queued back to
+    back: microseconds a call, `rate(us)` (name, value) and the replay's time over the mode's."""
+    times = {mode: back_to_back_us(fn, stream, calls) for mode, fn in modes.items()}
+    rows = []
+    for mode, us in times.items():
+        unit, value = rate(us)
+        rows.append({"path": f"{label} back to back: {mode}", "us_per_call": us, unit: value,
+                     "vs_graph_replay": times["graph replay"] / us})
+    return rows
+
+
 def _eager_decode_rows(args, np, dev) -> list[dict]:
     """Eager decode back to back (what a user's loop sees), with and without out= and
     workspace=, against the same step replayed from a graph: TB/s of the keys read."""
@@ -222,13 +234,34 @@ def _eager_decode_rows(args, np, dev) -> list[dict]:
             "graph replay": graph.replay,
         }
         moved = 2 * batch * 8 * cap * 128 * 2 + 2 * batch * 32 * 128 * 2
-        times = {mode: back_to_back_us(fn, stream, calls) for mode, fn in modes.items()}
-        for mode, us in times.items():
-            rows.append({"path": f"decode B{batch} T{cap} bf16 Hq32 Hkv8 D128 back to back: {mode}",
-                         "us_per_call": us, "tb_per_s": moved / (us * 1e-6) / 1e12,
-                         "vs_graph_replay": times["graph replay"] / us})
+        rows += _back_to_back_rows(f"decode B{batch} T{cap} bf16 Hq32 Hkv8 D128", modes, stream, calls,
+                                   lambda us: ("tb_per_s", moved / (us * 1e-6) / 1e12))
         graph.close()
         del kc, vc
+    return rows
+
+
+def _eager_sdpa_rows(args, np, dev) -> list[dict]:
+    """Eager sdpa back to back on a short causal shape with more blocks than SMs, which an sm_90
+    GPU runs on the persistent twin, whose output's tensor map an eager call without out=
+    re-encodes for each new output: with and without out=, against a graph replay; TFLOP/s."""
+    bf16 = ptxattn.bfloat16
+    stream = ptxattn.Stream.create()
+    rng = np.random.default_rng(2)
+    shape = (32, 16, 512, 128)
+    q, k, v = (ptxattn.asarray(rng.standard_normal(shape).astype(bf16), stream) for _ in range(3))
+    out = ptxattn.empty(shape, bf16)
+    with ptxattn.capture(stream, dev) as graph:
+        ptxattn.sdpa(q, k, v, causal=True, out=out, stream=stream)
+    modes = {
+        "eager, nothing preallocated": lambda: ptxattn.sdpa(q, k, v, causal=True, stream=stream),
+        "eager, out=": lambda: ptxattn.sdpa(q, k, v, causal=True, out=out, stream=stream),
+        "graph replay": graph.replay,
+    }
+    flops = 4 * 32 * 16 * 128 * (512 * 513 // 2)  # QK^T and PV over the causal (query, key) pairs
+    rows = _back_to_back_rows("sdpa B32 H16 S512 D128 causal bf16", modes, stream, 20 if args.quick else 100,
+                              lambda us: ("tflops", flops / (us * 1e-6) / 1e12))
+    graph.close()
     return rows
 
 
@@ -261,4 +294,5 @@ def run(args) -> list[dict]:
         if getattr(args, "baseline", None):
             rows += _baseline_rows(args.baseline)
         rows += _eager_decode_rows(args, np, dev)
+        rows += _eager_sdpa_rows(args, np, dev)
     return rows
