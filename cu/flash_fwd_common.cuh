@@ -155,7 +155,8 @@ __device__ __forceinline__ void virtual_tile(const FlashFwdParams& p, SeqTile& t
     return;
   }
   const int head = z * gx + x;
-  t.b = fast_div(head, p.heads_q_div_mul, p.heads_q_div_shift), t.h = head - t.b * p.heads_q, t.m0 = (gy - 1 - y) * BR;
+  t.b = fast_div(head, p.heads_q_div_mul, p.heads_q_div_shift);
+  t.h = head - t.b * p.heads_q, t.m0 = (gy - 1 - y) * BR;
 }
 
 // Which rows this block serves, as warp 0 finds them; false when none (a spare block of a

@@ -603,7 +603,8 @@ __device__ __forceinline__ void stage_rows(const FlashFwdParams& p, const TileRe
   const long long q_tok0 = st.q_tok0();
   float inv[2];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) inv[r] = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], my_row + 8 * r, lane);
+  for (int r = 0; r < 2; ++r)
+    inv[r] = finish_my_row(p, b, q_tok0, seq_q, h, row_max[r], row_sum[r], my_row + 8 * r, lane);
   // The warp's 16 rows by two 16-byte chunks (2k, 2k + 1) at a time, one stmatrix: matrix m is
   // rows 8 (m % 2) .. of chunk 2k + m / 2, so lane l gives row 8 ((l / 8) % 2) + l % 8 of chunk
   // 2k + l / 16. Its row keeps one swizzle phase, so chunk 2k + l / 16's address is chunk

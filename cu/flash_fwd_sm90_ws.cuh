@@ -125,19 +125,19 @@
 // block i + 1's barrier publishes them. So no data passes between warpgroups by mbarrier alone
 // (compute-sanitizer's racecheck does not order generic accesses by mbarrier waits). The
 // consumers stage a block's output rows in its Q tile as above, and each one's first thread
-// stores its 64 rows by TMA (store_rows_tma, through p.o_map, which the host builds for the twin: an
-// output TMA cannot store to gets no twin; a fence.proxy.async orders the stmatrix writes
-// before the store's reads); after the consumer's barrier of block i + 1 that thread waits
-// until the store has read them and every consumer warp arrives on the tile's empty barrier
-// (after a fence.proxy.async, as TMA writes it next), which thread 0 waits on before loading
-// block i + 2 there. Every block's Q is loaded, one with no key tile too, so the Q tiles'
-// phases stay in step. The K / V ring runs on from block to block
-// (KeyRing counts the CTA's tiles), and so do the turns: the last consumer also arrives after
-// each block's last turn, consumer 1 waits in each block's first turn but the CTA's first, and
-// it takes the last arrival after the CTA's last block, so every named barrier sees as many
-// bar.sync warpgroups as bar.arrive ones. The deadlock argument above holds across blocks, the
-// turns being numbered on through the CTA's blocks (a consumer's own barrier waits only on its
-// own warps). Same bits as the non-persistent kernel.
+// stores its 64 rows by TMA (store_rows_tma, through p.o_map, which the host builds for the
+// twin: an output TMA cannot store to gets no twin; a fence.proxy.async orders the stmatrix
+// writes before the store's reads); after the consumer's barrier of block i + 1 that thread
+// waits until the store has read them and every consumer warp arrives on the tile's empty
+// barrier (after a fence.proxy.async, as TMA writes it next), which thread 0 waits on before
+// loading block i + 2 there. Every block's Q is loaded, one with no key tile too, so the Q
+// tiles' phases stay in step. The K / V ring runs on from block to block (KeyRing counts the
+// CTA's tiles), and so do the turns: the last consumer also arrives after each block's last
+// turn, consumer 1 waits in each block's first turn but the CTA's first, and it takes the last
+// arrival after the CTA's last block, so every named barrier sees as many bar.sync warpgroups as
+// bar.arrive ones. The deadlock argument above holds across blocks, the turns being numbered on
+// through the CTA's blocks (a consumer's own barrier waits only on its own warps). Same bits as
+// the non-persistent kernel.
 #pragma once
 
 namespace ptxattn {
