@@ -105,7 +105,7 @@ def main() -> int:
     parser.add_argument("--family", default="flash_fwd_sm90")
     parser.add_argument("--arch", default="sm_90a")
     parser.add_argument("--suite", default="prefill")
-    parser.add_argument("--rows", help="bench.py --rows (prefill suite)")
+    parser.add_argument("--rows", help="bench.py --rows (prefill and decode suites)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--metric", default="ptxattn_tflops")
     parser.add_argument("--beside", default="torch_cudnn_tflops", help="a reference column, shown over every run")

@@ -85,8 +85,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("bench_results"))
     parser.add_argument("--quick", action="store_true", help="fewer repeats (smoke run)")
     parser.add_argument("--rows", metavar="REGEX", type=re.compile,
-                        help="prefill suite: only the rows whose name matches (re.search), chosen from every row "
-                             "with or without --quick, e.g. --rows 'S512|S1024'")
+                        help="prefill and decode suites: only the rows whose name matches (re.search), chosen "
+                             "from every row with or without --quick, e.g. --rows 'S512|S1024' or 'B1 T|B64'")
     parser.add_argument("--sm90-plain", action="store_true",
                         help="prefill suite: also time the plain wgmma sm_90a kernels (PTXATTN_SM90_WS=0) beside the "
                              "default warp-specialized ones, and compare their outputs bit for bit")

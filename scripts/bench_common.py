@@ -185,6 +185,16 @@ def finished_row(rows: list[dict], row: dict) -> None:
     print("row: " + " ".join(cells), flush=True)
 
 
+def rows_named(pattern, rows: list, name_of, suite: str) -> list:
+    """The rows whose name (`name_of(row)`) matches bench.py's --rows pattern (re.search); a
+    pattern that matches none exits naming every row of the suite."""
+    chosen = [row for row in rows if pattern.search(name_of(row))]
+    if not chosen:
+        raise SystemExit(f"bench.py --rows {pattern.pattern!r}: no {suite} row matches; the rows are "
+                         + "; ".join(name_of(row) for row in rows))
+    return chosen
+
+
 def random_host(rng: np.random.Generator, shape, dtype, scale: float = 1.0) -> np.ndarray:
     """Standard-normal values times `scale`, in `dtype` (never zeros)."""
     return (rng.standard_normal(shape, dtype=np.float32) * np.float32(scale)).astype(dtype)

@@ -24,8 +24,8 @@ import numpy as np
 import ptxattn
 from ptxattn import reference
 
-from bench_common import (copy_bandwidth_tbs, finished_row, random_host, relative_error, rotation_count, stream,
-                          time_ms, torch_cuda, torch_sdpa_backends, try_time, upload)
+from bench_common import (copy_bandwidth_tbs, finished_row, random_host, relative_error, rotation_count, rows_named,
+                          stream, time_ms, torch_cuda, torch_sdpa_backends, try_time, upload)
 
 BF16 = ptxattn.bfloat16
 HQ, HKV, D = 32, 8, 128
@@ -71,6 +71,18 @@ def _graphed(step, count: int):
     return lambda i: graphs[i].replay(stream())
 
 
+def shape_name(shape: tuple) -> str:
+    b, cap, kind = shape
+    return f"B{b} T{cap} {kind}"
+
+
+def chosen_shapes(args) -> list[tuple]:
+    """The rows to run: those whose name matches args.rows, else all."""
+    if args.rows is None:
+        return SHAPES
+    return rows_named(args.rows, SHAPES, shape_name, "decode")
+
+
 def run(args) -> list[dict]:
     torch = torch_cuda()
     backends = torch_sdpa_backends() if torch is not None else {}
@@ -79,7 +91,7 @@ def run(args) -> list[dict]:
     copy_tbs = copy_bandwidth_tbs()
     rows = []
     full_ms = {}  # (B, capacity) -> our time with every row at capacity
-    for b, cap, kind in SHAPES:
+    for b, cap, kind in chosen_shapes(args):
         lens = np.full(b, cap, np.int32) if kind == "full" else rng.integers(1, cap + 1, b).astype(np.int32)
         live = int(lens.sum())
         host_sets = [(random_host(rng, (b, HQ, 1, D), BF16), random_host(rng, (b, HKV, cap, D), BF16),
@@ -105,7 +117,7 @@ def run(args) -> list[dict]:
             q, k, v = sets[i]
             ptxattn.decode(q, k, v, dev_lens, out=out, workspace=workspace, stream=stream())
 
-        row = {"shape": f"B{b} T{cap} {kind}", "copy_tbs": copy_tbs}
+        row = {"shape": shape_name((b, cap, kind)), "copy_tbs": copy_tbs}
         timings = {"ptxattn": time_ms(_graphed(contiguous, len(sets)), repeat=repeat, rotate=len(sets))}
         contiguous(0)
         row["rel_err_vs_reference"] = error_vs_reference()

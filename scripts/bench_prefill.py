@@ -33,8 +33,8 @@ import ptxattn
 from ptxattn import reference
 from ptxattn.variants import sm90_ws_pp_tiles
 
-from bench_common import (finished_row, host_ms, random_host, relative_error, rotation_count, stream, torch_cuda,
-                          torch_sdpa_backends, try_time, upload)
+from bench_common import (finished_row, host_ms, random_host, relative_error, rotation_count, rows_named, stream,
+                          torch_cuda, torch_sdpa_backends, try_time, upload)
 
 BF16 = ptxattn.bfloat16
 
@@ -152,11 +152,7 @@ def chosen_shapes(args) -> list[Shape]:
     under --quick, else all."""
     if args.rows is None:
         return QUICK if args.quick else SHAPES
-    chosen = [shape for shape in SHAPES if args.rows.search(shape.name)]
-    if not chosen:
-        raise SystemExit(f"bench.py --rows {args.rows.pattern!r}: no prefill row matches; the rows are "
-                         + "; ".join(shape.name for shape in SHAPES))
-    return chosen
+    return rows_named(args.rows, SHAPES, lambda shape: shape.name, "prefill")
 
 
 def run(args) -> list[dict]:

@@ -1,4 +1,4 @@
-"""scripts/bench.py --rows: the prefill rows a device call runs, chosen by name on this machine."""
+"""scripts/bench.py --rows: the prefill and decode rows a device call runs, chosen by name on this machine."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+import bench_decode  # noqa: E402
 import bench_prefill  # noqa: E402
 
 
@@ -30,3 +31,14 @@ def test_without_rows_quick_and_full_keep_their_lists():
 def test_a_pattern_matching_no_row_names_the_rows():
     with pytest.raises(SystemExit, match=r"--rows 'S3': no prefill row matches.*B32 H16 S512 D128 causal"):
         bench_prefill.chosen_shapes(_args("S3", quick=False))
+
+
+def test_decode_rows_pick_by_name():
+    chosen = bench_decode.chosen_shapes(_args("B1 T|B64 ", quick=True))
+    assert [bench_decode.shape_name(s) for s in chosen] == ["B64 T8192 full", "B1 T32768 full"]
+    assert bench_decode.chosen_shapes(_args(None, quick=True)) == bench_decode.SHAPES
+
+
+def test_a_decode_pattern_matching_no_row_names_the_rows():
+    with pytest.raises(SystemExit, match=r"--rows 'B2 ': no decode row matches.*B8 T8192 uniform"):
+        bench_decode.chosen_shapes(_args("B2 ", quick=False))
