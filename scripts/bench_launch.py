@@ -26,6 +26,7 @@ from ptxattn.ops.prepared import programmatic_config
 from ptxattn.ops.probe import ProbeParams
 
 from bench_common import back_to_back_us, host_us_each
+from bench_prefill import Shape
 
 CALLS = 300
 
@@ -248,7 +249,8 @@ def _eager_sdpa_rows(args, np, dev) -> list[dict]:
     bf16 = ptxattn.bfloat16
     stream = ptxattn.Stream.create()
     rng = np.random.default_rng(2)
-    shape = (32, 16, 512, 128)
+    row = Shape(32, 16, 16, 512, 128, 128, True)  # the prefill suite's row, its FLOPs counted as there
+    shape = (row.b, row.hq, row.s, row.dqk)
     q, k, v = (ptxattn.asarray(rng.standard_normal(shape).astype(bf16), stream) for _ in range(3))
     out = ptxattn.empty(shape, bf16)
     with ptxattn.capture(stream, dev) as graph:
@@ -258,9 +260,8 @@ def _eager_sdpa_rows(args, np, dev) -> list[dict]:
         "eager, out=": lambda: ptxattn.sdpa(q, k, v, causal=True, out=out, stream=stream),
         "graph replay": graph.replay,
     }
-    flops = 4 * 32 * 16 * 128 * (512 * 513 // 2)  # QK^T and PV over the causal (query, key) pairs
-    rows = _back_to_back_rows("sdpa B32 H16 S512 D128 causal bf16", modes, stream, 20 if args.quick else 100,
-                              lambda us: ("tflops", flops / (us * 1e-6) / 1e12))
+    rows = _back_to_back_rows(f"sdpa {row.name} bf16", modes, stream, 20 if args.quick else 100,
+                              lambda us: ("tflops", row.flops / (us * 1e-6) / 1e12))
     graph.close()
     return rows
 

@@ -67,6 +67,11 @@ class Shape:
         return self.s * self.s / (2 if self.causal else 1)
 
     @property
+    def flops(self) -> float:
+        """QK^T and PV over the visible (query, key) pairs: what a row's TFLOP/s count."""
+        return 2 * self.b * self.hq * (self.dqk + self.dv) * self.visible_pairs
+
+    @property
     def mask_shape(self) -> tuple[int, int, int, int]:
         """The mask's shape: one row for every query where it masks keys only."""
         return (self.b, 1, 1 if self.mask.endswith("key") else self.s, self.s)
@@ -169,7 +174,7 @@ def run(args) -> list[dict]:
                 for _ in range(rotation_count(bytes_per_set))]
         mask = shape.make_mask(rng)
         out = ptxattn.empty((b, hq, s, shape.dv), BF16)
-        flops = 2 * b * hq * (shape.dqk + shape.dv) * shape.visible_pairs  # QK^T and PV
+        flops = shape.flops
 
         def ours(i):
             q, k, v = sets[i]
