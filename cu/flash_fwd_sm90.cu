@@ -421,9 +421,9 @@ __device__ __forceinline__ void issue_qk(float (&s)[Tile::KEYS / 2], unsigned q_
   wgmma_commit();
 }
 
-// cut_keys' loop over this thread's elements of tile n0: those left of a row's window (LOW: the
-// tile has some) or right of it or past Skv become -inf.
-template <int KEYS, bool LOW>
+// cut_keys' loop over this thread's elements of tile n0: those left or right of a row's window
+// or past Skv become -inf.
+template <int KEYS>
 __device__ __forceinline__ void cut_elements(float (&s)[KEYS / 2], const KeyWindow& win, int n0, int seq_kv, int my_row,
                                              int lane) {
   const int col0 = n0 + 2 * (lane & 3);
@@ -436,28 +436,54 @@ __device__ __forceinline__ void cut_elements(float (&s)[KEYS / 2], const KeyWind
     for (int j = 0; j < KEYS / 8; ++j)
 #pragma unroll
       for (int c = 0; c < 2; ++c)
-        if ((LOW && j * 8 + c < lo) || j * 8 + c > hi) s[4 * j + 2 * r + c] = neg_inf();
+        if (j * 8 + c < lo || j * 8 + c > hi) s[4 * j + 2 * r + c] = neg_inf();
+  }
+}
+
+// The right edge alone of cut_elements' cut (cut_keys' UPPER_APART tiles) for a warpgroup's 64
+// rows from group_row0, in 32-bit arithmetic and by bit masks. A row's last visible key less a column, last_visible_key(group_row0) - n0 +
+// (row - group_row0) - (col0 - n0), is taken from a base made once in 64 bits and clamped to
+// [-65, KEYS + 8]: row - group_row0 < 64 and col0 - n0 < 8, so every clamped base gives the
+// same clamped hi as the true one. A row keeps a prefix of its keys: columns 8 j + c for j
+// below (hi - c + 8) / 8, bit j of keep, which ptxas turns into predicates a few at a time (R2P)
+// where each element otherwise took a compare.
+template <int KEYS>
+__device__ __forceinline__ void cut_upper_by_masks(float (&s)[KEYS / 2], const KeyWindow& win, int n0, int seq_kv,
+                                                   int group_row0, int my_row, int lane) {
+  static_assert(KEYS / 8 + 1 < 32, "a mask bit a column");
+  const int base = static_cast<int>(max(-65LL, min(last_visible_key(win, group_row0) - n0, KEYS + 8LL)));
+  const int col = 2 * (lane & 3);    // col0 - n0
+  const int end = seq_kv - 1 - n0 - col;  // the last key less col0 (n0 < seq_kv)
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int hi = max(-1, min(min(base + my_row + 8 * r - group_row0 - col, end), KEYS));
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const unsigned keep = (1u << ((hi - c + 8) >> 3)) - 1u;
+#pragma unroll
+      for (int j = 0; j < KEYS / 8; ++j)
+        if (!((keep >> j) & 1u)) s[4 * j + 2 * r + c] = neg_inf();
+    }
   }
 }
 
 // Cuts the keys of key tile n0 outside a row's causal/window range or past Skv (on the tiles
 // that have any); group_row0 is the warpgroup's first row, my_row this thread's first.
 // UPPER_APART: where no row's window starts inside the tile (every tile of a causal call
-// without a window), only the upper bound is compared, one compare an element rather than two,
-// in a loop of its own (the persistent twins; in the CTA-a-block ping-pong kernels the second
-// loop had ptxas serialize the wgmmas, C7511). The tests are spelled out in each branch: taken
+// without a window), only the right edge is cut, by cut_upper_by_masks (the persistent twins;
+// in the CTA-a-block ping-pong kernels a second loop had ptxas serialize the wgmmas, C7511). The tests are spelled out in each branch: taken
 // once into named flags for both, they moved ptxas's spills in the CTA-a-block kernels.
 template <int KEYS, bool UPPER_APART = false>
 __device__ __forceinline__ void cut_keys(float (&s)[KEYS / 2], const KeyWindow& win, int n0, int seq_kv, int group_row0,
                                          int my_row, int lane) {
   if constexpr (UPPER_APART) {
     if (n0 < first_visible_key(win, group_row0 + 63))
-      cut_elements<KEYS, true>(s, win, n0, seq_kv, my_row, lane);
+      cut_elements<KEYS>(s, win, n0, seq_kv, my_row, lane);
     else if (n0 + KEYS > seq_kv || n0 + KEYS - 1 > last_visible_key(win, group_row0))
-      cut_elements<KEYS, false>(s, win, n0, seq_kv, my_row, lane);
+      cut_upper_by_masks<KEYS>(s, win, n0, seq_kv, group_row0, my_row, lane);
   } else if (n0 + KEYS > seq_kv || n0 < first_visible_key(win, group_row0 + 63) ||
              n0 + KEYS - 1 > last_visible_key(win, group_row0)) {
-    cut_elements<KEYS, true>(s, win, n0, seq_kv, my_row, lane);
+    cut_elements<KEYS>(s, win, n0, seq_kv, my_row, lane);
   }
 }
 

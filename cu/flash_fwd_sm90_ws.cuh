@@ -410,14 +410,21 @@ __device__ __forceinline__ void produce_tile(unsigned dst, const T* g, long long
 // the order it loads them, so tile t of a block whose range starts at tile `begin` is the CTA's
 // (before + t - begin)-th, `before` the tiles of the blocks it ran earlier (a persistent twin's;
 // else 0). A stage's n-th use waits for its release from use n - 1 (refill) and completes its
-// barriers' phase of parity n & 1.
-template <int STAGES>
+// barriers' phase of parity n & 1. UNSIGNED (the persistent twins): the index, never negative,
+// divided as an unsigned, so its quotient and remainder need no sign fix-ups (twin SASS -7 %;
+// in every ws kernel ptxas serialized the d128 ping-pong kernels' wgmmas, C7511).
+template <int STAGES, bool UNSIGNED = false>
 struct KeyRing {
   int begin, before;
-  __device__ __forceinline__ int index(int t) const { return t - begin + before; }
-  __device__ __forceinline__ int stage(int t) const { return index(t) % STAGES; }
+  __device__ __forceinline__ auto index(int t) const {
+    if constexpr (UNSIGNED)
+      return static_cast<unsigned>(t - begin + before);
+    else
+      return t - begin + before;
+  }
+  __device__ __forceinline__ int stage(int t) const { return static_cast<int>(index(t) % STAGES); }
   __device__ __forceinline__ unsigned parity(int t) const { return static_cast<unsigned>(index(t) / STAGES) & 1u; }
-  __device__ __forceinline__ bool refill(int t) const { return index(t) >= STAGES; }
+  __device__ __forceinline__ bool refill(int t) const { return index(t) >= static_cast<decltype(index(t))>(STAGES); }
 };
 
 // The virtual block a persistent twin's CTA runs as its i-th (dealt out in a snake: CTA c takes
@@ -437,6 +444,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   constexpr int DQK = Tile::DQK, DV = Tile::DV, ROWS = Tile::ROWS, KEYS = Tile::KEYS, STAGES = Tile::STAGES;
   constexpr int O_REGS = DV / 2;
   constexpr int Q_BUFS = PERSISTENT ? 2 : 1;  // a persistent twin loads the next block's Q beside this one's tiles
+  using Ring = KeyRing<STAGES, PERSISTENT>;
   static_assert(GENERAL || !STAGED_MASK, "only general kernels take masks");
   static_assert(!STAGED_MASK || Tile::SHARED + STAGES * Tile::MASK_STAGE_BYTES <= 227 * 1024 - 1024,
                 "the mask stages fit beside Q, K and V");
@@ -470,7 +478,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
   // TMA (p.tma): one thread's loads of key tiles [first, last) of the block at row m0 of head h
   // of batch b, into the ring as `ring` places them, each refill waiting for its stage's release;
   // with first_q, the CTA's first Q before them (into Q tile 0, the maps prefetched first).
-  auto tma_tiles = [&](int m0, int h, int b, KeyRing<STAGES> ring, bool first_q, int first, int last) {
+  auto tma_tiles = [&](int m0, int h, int b, Ring ring, bool first_q, int first, int last) {
     const int hk = h / (p.heads_q / p.heads_kv);
     if (first_q) {
       prefetch_tensor_map(p.k_map);
@@ -537,7 +545,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       int begin, end;
       block_key_tiles(t, begin, end);
       if (PERSISTENT || begin < end)  // a persistent twin's consumers wait for every block's Q
-        tma_tiles(t.m0, t.h, t.b, KeyRing<STAGES>{begin, 0}, true, begin, min(end, begin + STAGES));
+        tma_tiles(t.m0, t.h, t.b, Ring{begin, 0}, true, begin, min(end, begin + STAGES));
     }
   }
   if constexpr (PERSISTENT) {  // dense calls only: every CTA has its first block
@@ -561,7 +569,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
       constexpr int EARLY = Tile::CONSUMERS == 2 ? STAGES : 0;  // the tiles warp 1 issued, with Q
       if (threadIdx.x == 0) {
         if (tile_begin + EARLY < tile_end)
-          tma_tiles(m0, h, st.b(), KeyRing<STAGES>{tile_begin, 0}, EARLY == 0, tile_begin + EARLY, tile_end);
+          tma_tiles(m0, h, st.b(), Ring{tile_begin, 0}, EARLY == 0, tile_begin + EARLY, tile_end);
         if constexpr (PERSISTENT) {
           // The CTA's later blocks: block i's Q into Q tile i % 2 once the consumers have freed
           // it of block i - 2 (its (i / 2 - 1)-th release), then its key tiles round the ring
@@ -575,7 +583,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
             int begin, end;
             block_key_tiles(t, begin, end);
             tma_tile<T, ROWS, DQK>(q_addr(buf), p.q_map, t.m0, t.h, t.b, q_full(buf));
-            tma_tiles(t.m0, t.h, t.b, KeyRing<STAGES>{begin, before}, false, begin, end);
+            tma_tiles(t.m0, t.h, t.b, Ring{begin, before}, false, begin, end);
             before += end - begin;
           }
         }
@@ -590,7 +598,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
                     hk * p.v_head_stride;
       produce_tile<T, ROWS, DQK, Tile::PRODUCER_UNROLL>(q_addr(0), gq, p.q_seq_stride, st.seq_q() - m0, p.dim_qk);
       mbar_arrive_cp_async(q_full(0));
-      const KeyRing<STAGES> ring{tile_begin, 0};
+      const Ring ring{tile_begin, 0};
       for (int t = tile_begin; t < tile_end; ++t) {
         const int stage = ring.stage(t), n0 = t * KEYS, rows_valid = st.seq_kv() - n0;
         const bool refill = ring.refill(t);
@@ -614,7 +622,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
     // turns run on from one block to the next: first_turn says this block's first turn is the
     // CTA's first (consumer 1 then has no arrival to wait for), last_turn that its last is the
     // CTA's last (the last consumer then arrives for no one).
-    auto consume_block = [&](const TileRef& st, int m0, int tile_begin, int tile_end, KeyRing<STAGES> ring, int buf,
+    auto consume_block = [&](const TileRef& st, int m0, int tile_begin, int tile_end, Ring ring, int buf,
                              unsigned q_parity, bool first_turn, bool last_turn) {
       // The stage of key tile t and which use of it that is.
       auto stage_of = [&](int t) { return ring.stage(t); };
@@ -848,7 +856,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
                                    Tile::STORE_BAR0 + role - 1);
     };
     if constexpr (!PERSISTENT) {
-      consume_block(st, m0, tile_begin, tile_end, KeyRing<STAGES>{tile_begin, 0}, 0, 0u, true, true);
+      consume_block(st, m0, tile_begin, tile_end, Ring{tile_begin, 0}, 0, 0u, true, true);
     } else {
       // Block i's Q waits in Q tile i % 2 (its (i / 2)-th fill), its rows in this consumer's slot
       // i % 2, written by the consumer's first thread after its barrier of block i - 1 (block 0's
@@ -886,7 +894,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         const int b_m0 = bt.m0();
         int begin, end;
         tile_range(bt, b_m0, begin, end);
-        consume_block(bt, b_m0, begin, end, KeyRing<STAGES>{begin, before}, buf, q_parity, before == 0, false);
+        consume_block(bt, b_m0, begin, end, Ring{begin, before}, buf, q_parity, before == 0, false);
         before += end - begin;
       }
       if (i > 0) release_q((i - 1) & 1);
