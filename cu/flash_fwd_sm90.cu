@@ -441,10 +441,10 @@ __device__ __forceinline__ void cut_elements(float (&s)[KEYS / 2], const KeyWind
 }
 
 // The right edge alone of cut_elements' cut (cut_keys' UPPER_APART tiles) for a warpgroup's 64
-// rows from group_row0, in 32-bit arithmetic and by bit masks. A row's last visible key less a column, last_visible_key(group_row0) - n0 +
-// (row - group_row0) - (col0 - n0), is taken from a base made once in 64 bits and clamped to
-// [-65, KEYS + 8]: row - group_row0 < 64 and col0 - n0 < 8, so every clamped base gives the
-// same clamped hi as the true one. A row keeps a prefix of its keys: columns 8 j + c for j
+// rows from group_row0, in 32-bit arithmetic and by bit masks. A row's last visible key less a
+// column, last_visible_key(group_row0) - n0 + (row - group_row0) - (col0 - n0), is taken from a
+// base made once in 64 bits and clamped to [-65, KEYS + 8]: row - group_row0 < 64 and
+// col0 - n0 < 8, so every clamped base gives the same clamped hi as the true one. A row keeps a prefix of its keys: columns 8 j + c for j
 // below (hi - c + 8) / 8, bit j of keep, which ptxas turns into predicates a few at a time (R2P)
 // where each element otherwise took a compare.
 template <int KEYS>
@@ -471,8 +471,9 @@ __device__ __forceinline__ void cut_upper_by_masks(float (&s)[KEYS / 2], const K
 // that have any); group_row0 is the warpgroup's first row, my_row this thread's first.
 // UPPER_APART: where no row's window starts inside the tile (every tile of a causal call
 // without a window), only the right edge is cut, by cut_upper_by_masks (the persistent twins;
-// in the CTA-a-block ping-pong kernels a second loop had ptxas serialize the wgmmas, C7511). The tests are spelled out in each branch: taken
-// once into named flags for both, they moved ptxas's spills in the CTA-a-block kernels.
+// in the CTA-a-block ping-pong kernels a second loop had ptxas serialize the wgmmas, C7511).
+// The tests are spelled out in each branch: taken once into named flags for both, they moved
+// ptxas's spills in the CTA-a-block kernels.
 template <int KEYS, bool UPPER_APART = false>
 __device__ __forceinline__ void cut_keys(float (&s)[KEYS / 2], const KeyWindow& win, int n0, int seq_kv, int group_row0,
                                          int my_row, int lane) {
