@@ -17,7 +17,9 @@ CANARY = 1024  # elements of guard on each side of an output
 
 class GuardedOutput:
     """An output DeviceArray poisoned before the kernel runs (NaN, or -12345 for integer
-    dtypes), inside a larger buffer whose margins hold a known pattern."""
+    dtypes), inside a larger buffer whose margins hold a known pattern. GPU tests read results
+    back from one rather than from a fresh output: compute-sanitizer's initcheck does not count
+    TMA stores (the sm_90 kernels' epilogues) as writes, so it flags a fresh output's read-back."""
 
     def __init__(self, shape, dtype, rng: np.random.Generator, device=None) -> None:
         dtype = np.dtype(dtype)
