@@ -444,9 +444,9 @@ __device__ __forceinline__ void cut_elements(float (&s)[KEYS / 2], const KeyWind
 // rows from group_row0, in 32-bit arithmetic and by bit masks. A row's last visible key less a
 // column, last_visible_key(group_row0) - n0 + (row - group_row0) - (col0 - n0), is taken from a
 // base made once in 64 bits and clamped to [-65, KEYS + 8]: row - group_row0 < 64 and
-// col0 - n0 < 8, so every clamped base gives the same clamped hi as the true one. A row keeps a prefix of its keys: columns 8 j + c for j
-// below (hi - c + 8) / 8, bit j of keep, which ptxas turns into predicates a few at a time (R2P)
-// where each element otherwise took a compare.
+// col0 - n0 < 8, so every clamped base gives the same clamped hi as the true one. A row keeps a
+// prefix of its keys: columns 8 j + c for j below (hi - c + 8) / 8, bit j of keep, which ptxas
+// turns into predicates a few at a time (R2P) where each element otherwise took a compare.
 template <int KEYS>
 __device__ __forceinline__ void cut_upper_by_masks(float (&s)[KEYS / 2], const KeyWindow& win, int n0, int seq_kv,
                                                    int group_row0, int my_row, int lane) {
