@@ -22,6 +22,13 @@ __device__ __forceinline__ int fast_div(int n, unsigned mul, int shift) {
   return static_cast<int>((static_cast<unsigned long long>(static_cast<unsigned>(n)) * mul) >> shift);
 }
 
+// A persistent twin's blocks the host deals out itself (FlashFwdParams.tail_blocks): up to
+// TAIL_SLOTS for each of up to TAIL_CTAS CTAs (one an SM: every sm_90 part has at most 132),
+// TAIL_NONE ending a CTA's list. Mirrored by runtime/ops/persistent_deal.py.
+constexpr int TAIL_CTAS = 132;
+constexpr int TAIL_SLOTS = 4;
+constexpr unsigned TAIL_NONE = 0xffff;
+
 // Mirrored by runtime/ops/attention.py (_FlashFwdParams): same fields, same order.
 struct FlashFwdParams {
   const void* q;
@@ -84,6 +91,12 @@ struct FlashFwdParams {
   // The persistent twins store each warpgroup's 64 rows of O through o_map (over (dim, token,
   // head, batch), each box one 64-column panel of 64 rows, 128-byte swizzle); unused elsewhere.
   TensorMap o_map;
+  // The persistent twins' last blocks as the host dealt them (runtime/ops/persistent_deal.py;
+  // last in the struct, so no field before them moves): from the CTA's tail_round-th block on
+  // (0: none, the snake deals every block), its k-th is block tail_round * gridDim.x +
+  // tail_blocks[CTA * TAIL_SLOTS + k]; unused elsewhere.
+  int tail_round;
+  unsigned short tail_blocks[TAIL_CTAS * TAIL_SLOTS];
 };
 
 // The rows one block serves: query rows [m0, m0 + BR) of sequence b, whose queries start at

@@ -427,16 +427,25 @@ struct KeyRing {
   __device__ __forceinline__ bool refill(int t) const { return index(t) >= static_cast<decltype(index(t))>(STAGES); }
 };
 
-// The virtual block a persistent twin's CTA runs as its i-th (dealt out in a snake: CTA c takes
-// block c of the first gridDim.x, block gridDim.x - 1 - c of the next, ...; a causal grid's
-// blocks come heaviest first within each (batch, head) pair, so the snake gives each CTA light
-// blocks after heavy ones), and how many there are (p.virtual_grid: the grid the non-persistent
-// kernel would be launched on, dense_tile's layout).
-__device__ __forceinline__ int persistent_block(int i) {
-  return i * static_cast<int>(gridDim.x) + (i & 1 ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x));
-}
+// How many blocks a persistent twin's CTAs share out (p.virtual_grid: the grid the
+// non-persistent kernel would be launched on, dense_tile's layout), and the one a CTA runs as
+// its i-th: dealt out in a snake (CTA c takes block c of the first gridDim.x, block
+// gridDim.x - 1 - c of the next, ...; a causal grid's blocks come heaviest first within each
+// (batch, head) pair, so the snake gives each CTA light blocks after heavy ones), but from round
+// p.tail_round on as the host dealt them (p.tail_blocks), where that evens out the CTAs' work
+// better than the snake's last rounds, which leave some CTAs a block more than others; past a
+// CTA's last block, virtual_blocks(p).
 __device__ __forceinline__ int virtual_blocks(const FlashFwdParams& p) {
   return p.virtual_grid_x * p.virtual_grid_y * p.virtual_grid_z;
+}
+__device__ __forceinline__ int persistent_block(const FlashFwdParams& p, int i) {
+  const int ctas = static_cast<int>(gridDim.x), c = static_cast<int>(blockIdx.x);
+  if (p.tail_round > 0 && i >= p.tail_round) {
+    const int k = i - p.tail_round;
+    const unsigned offset = k < TAIL_SLOTS ? p.tail_blocks[c * TAIL_SLOTS + k] : TAIL_NONE;
+    return offset == TAIL_NONE ? virtual_blocks(p) : p.tail_round * ctas + static_cast<int>(offset);
+  }
+  return i * ctas + (i & 1 ? ctas - 1 - c : c);
 }
 
 template <class T, class Tile, bool GENERAL, bool STAGED_MASK, bool PERSISTENT>
@@ -575,7 +584,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
           // it of block i - 2 (its (i / 2 - 1)-th release), then its key tiles round the ring
           // after the earlier blocks'.
           int before = tile_end - tile_begin;
-          for (int i = 1, block = persistent_block(1); block < virtual_blocks(p); block = persistent_block(++i)) {
+          for (int i = 1, block = persistent_block(p, 1); block < virtual_blocks(p); block = persistent_block(p, ++i)) {
             const int buf = i & 1;
             if (i >= 2) mbar_wait(q_empty(buf), static_cast<unsigned>((i >> 1) - 1) & 1u);
             SeqTile t;
@@ -885,7 +894,7 @@ __device__ __forceinline__ void flash_fwd_ws(const FlashFwdParams& p) {
         const int buf = i & 1;
         const unsigned q_parity = static_cast<unsigned>(i >> 1) & 1u;
         named_bar_sync(Tile::STORE_BAR0 + role - 1, 128);
-        const int next = persistent_block(++i);
+        const int next = persistent_block(p, ++i);
         if (first_thread && next < virtual_blocks(p)) virtual_tile<ROWS>(p, slots[buf ^ 1], next);
         block = next;
         if (i > 1) release_q(buf ^ 1);  // block i - 2's

@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402  (after the fake, before anything touches the d
 import ptxattn  # noqa: E402
 from ptxattn.faults import fault_buffer  # noqa: E402
 from ptxattn.ops import prepared  # noqa: E402
+from ptxattn.ops.checks import UNBOUNDED_WINDOW  # noqa: E402
 
 BF16 = ptxattn.bfloat16
 E4M3, E5M2 = ptxattn.dtypes.float8_e4m3fn, ptxattn.dtypes.float8_e5m2
@@ -649,6 +650,37 @@ def persistent_twins_share_the_blocks_out() -> None:
     prepared.clear_bindings()
     off = launch(16, 16, 1024, causal=True)
     assert off.name == pp.kernel("bf16") and off.grid == (1, 8, 256) and off.shared == pp.shared_bytes, off.name
+
+
+def persistent_twins_deal_their_last_blocks() -> None:
+    """Where the snake's last rounds leave some CTAs more work than others (a causal twin's
+    heads of unequal blocks), the twin's parameters carry the host's deal of the blocks from
+    tail_round on (runtime/ops/persistent_deal.py), eager calls' too; where blocks are alike or
+    few, none (tail_round 0: the snake deals them all)."""
+    from ptxattn.ops import persistent_deal as deal
+
+    e = ptxattn.empty
+
+    def launch(b, h, s, **options):
+        q, k, v = (e((b, h, s, 128), BF16) for _ in range(3))
+        (launch,) = ptxattn.prepare(ptxattn.sdpa, q, k, v, stream=STREAM, **options).launches
+        assert launch.name.endswith("_persistent"), launch.name
+        return launch
+
+    short = launch(32, 16, 512, causal=True)  # 2048 blocks of 4, 3, 2, 1 key tiles: 15.5 rounds
+    tiles = deal.key_tiles(128, 128, 512, 512, UNBOUNDED_WINDOW, 0, 0)
+    want = deal.tail_deal(deal.virtual_block_costs((1, 4, 512), True, tiles), 132)
+    assert want is not None and short.params.tail_round == want.tail_round == 14, short.params.tail_round
+    assert list(short.params.tail_blocks) == want.table()
+    windowed = launch(8, 16, 1024, window=(300, 0))  # 8 query blocks of 1 to 4 key tiles
+    assert windowed.params.tail_round == 6 and list(windowed.params.tail_blocks) != [deal.TAIL_NONE] * 528
+    for snake in (launch(4, 32, 4096), launch(2, 16, 1024, causal=True)):  # alike blocks; under two rounds
+        assert snake.params.tail_round == 0, snake.params.tail_round
+    q, k, v = (e((32, 16, 512, 128), BF16) for _ in range(3))
+    ptxattn.sdpa(q, k, v, causal=True, stream=STREAM)
+    (eager,) = next(reversed(prepared._cache().values())).launches
+    assert eager.params.tail_round == 14 and list(eager.params.tail_blocks) == want.table()
+
 
 if __name__ == "__main__":
     globals()[sys.argv[1]]()

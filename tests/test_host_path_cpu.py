@@ -3,7 +3,8 @@ own process against ptxattn.fake_driver (no stale pointer after a cached binding
 prepared calls rebind only what they are given, option types in the cache key, a bounded
 cache, NumPy round trips, threads launching their own arrays, the serving ops' filled outputs, fp8
 fields bound, kernel modules loaded and the fault buffer made in relaxed capture mode, TMA
-tensor maps rewritten with the pointers, 16-bit masks staged by TMA where it can load them)."""
+tensor maps rewritten with the pointers, 16-bit masks staged by TMA where it can load them, the
+persistent twins' deal of their blocks)."""
 from __future__ import annotations
 
 import subprocess
@@ -18,7 +19,7 @@ CHECKS = ["no_stale_pointers", "prepared_rebinds_only_what_it_is_given", "option
           "cache_stays_bounded", "numpy_calls_round_trip", "threads_launch_their_own_pointers",
           "serving_outputs_made_are_filled", "fp8_fields_are_bound", "kernel_loads_run_in_relaxed_capture_mode",
           "fault_buffer_is_made_inside_a_capture", "tma_maps_follow_their_arrays", "masks_stage_by_tma",
-          "persistent_twins_share_the_blocks_out"]
+          "persistent_twins_share_the_blocks_out", "persistent_twins_deal_their_last_blocks"]
 
 
 @pytest.mark.parametrize("check", CHECKS)

@@ -21,7 +21,23 @@ CU = Path(__file__).resolve().parent.parent / "cu"
 
 # The C field types the kernels' structs use (cu/README.md) and their ctypes mirrors.
 C_TYPES = {"long long": ctypes.c_int64, "int": ctypes.c_int32, "unsigned": ctypes.c_uint32, "float": ctypes.c_float,
+           "unsigned short": ctypes.c_uint16,
            "TensorMap": ctypes.c_uint8 * 128}  # struct alignas(64) TensorMap in cu/flash_fwd_common.cuh
+
+
+def _constants() -> dict[str, int]:
+    """The `constexpr int NAME = <number>;` of cu/, which array fields are sized by."""
+    return {name: int(value) for path in sorted(CU.glob("*.cu*"))
+            for name, value in re.findall(r"^constexpr int (\w+) = (\d+);", path.read_text(), flags=re.M)}
+
+
+def _length(expression: str) -> int:
+    """An array field's length: a product of numbers and cu/'s constants, e.g. `TAIL_CTAS * TAIL_SLOTS`."""
+    constants, length = _constants(), 1
+    for factor in expression.split("*"):
+        factor = factor.strip()
+        length *= int(factor) if factor.isdigit() else constants[factor]
+    return length
 
 
 def _subclasses(cls: type) -> list[type]:
@@ -40,6 +56,10 @@ def c_name(mirror: type) -> str:
 
 def _declared(decl: str) -> list[tuple[str, type]]:
     """(name, ctypes type) of each declarator of one C declaration, e.g. `const float* sinks`."""
+    array = re.fullmatch(r"(.*\w)\s*\[([^]]+)\]", decl.strip())  # one declarator with a length
+    if array:
+        (name, ctype), = _declared(array.group(1))
+        return [(name, ctype * _length(array.group(2)))]
     match = re.fullmatch(r"((?:\w+\s+)*?\w+)\s*([*\s]*\w+(?:\s*,\s*[*\s]*\w+)*)", decl.strip())
     assert match, f"cannot parse the C field declaration {decl.strip()!r}"
     base = " ".join(word for word in match.group(1).split() if word != "const")

@@ -7,8 +7,9 @@ blocks): causal in both
 alignments (heavy-first runs of one pair and of many), non-causal, GQA, a window and rows with
 no key (blocks with no key tile), sinks, with and without LSE, f16 and bf16; a CTA runs from one
 block more than another to ~16, so the snake's partial last round, the K / V ring's and both Q
-tiles' phases wrap many times. A child process a setting runs every case (same seeded inputs,
-NaN-poisoned outputs with canaries): one that hangs (a barrier bug) ends in its timeout.
+tiles' phases wrap many times; the S512 case's last blocks go by the host's deal of them. A
+child process a setting runs every case (same seeded inputs, NaN-poisoned outputs with
+canaries): one that hangs (a barrier bug) ends in its timeout.
 
     python tests/test_sdpa_sm90_persistent_gpu.py SEED OUT.npz NAME   # a child, CHILDREN[NAME]'s setting
 """
@@ -52,14 +53,19 @@ CASES = [
 RUN_BY_DEFAULT = [True, True, False, True, True, True, True, False, True]
 
 
-def _runs_persistent(case: Case) -> bool:
-    """Whether this process plans `case` on the persistent twin (no device work)."""
+def _launch(case: Case):
+    """The launch this process plans for `case` (no device work)."""
     q = ptxattn.empty((case.batch, case.hq, case.sq, case.dqk), case.dtype)
     k = ptxattn.empty((case.batch, case.hkv, case.skv, case.dqk), case.dtype)
     v = ptxattn.empty((case.batch, case.hkv, case.skv, case.dv), case.dtype)
     (launch,) = ptxattn.prepare(ptxattn.sdpa, q, k, v, sinks=ptxattn.empty((case.hq,), np.float32) if case.sinks else None,
                                 return_lse=case.lse, **_options(case)).launches
-    return launch.name.endswith("_persistent")
+    return launch
+
+
+def _runs_persistent(case: Case) -> bool:
+    """Whether this process plans `case` on the persistent twin."""
+    return _launch(case).name.endswith("_persistent")
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +102,12 @@ def test_every_case_has_more_blocks_than_sms_and_the_default_runs_the_twin_where
     for case in CASES:
         assert -(-case.sq // 128) * case.hq * case.batch > sms, case
     assert [_runs_persistent(case) for case in CASES] == RUN_BY_DEFAULT
+
+
+def test_some_case_runs_blocks_the_host_dealt(seed):
+    """The S512 causal case's last blocks go by the host's deal (FlashFwdParams.tail_blocks,
+    runtime/ops/persistent_deal.py), so the bits compared below cover the kernel's reading of it."""
+    assert _launch(CASES[0]).params.tail_round > 0
 
 
 @pytest.mark.parametrize("i", range(len(CASES)), ids=[str(c) for c in CASES])

@@ -25,6 +25,7 @@ from ..variants import (SdpaVariant, Sm90Tile, sdpa_fp8_variants, sdpa_tiles, sm
 from .checks import (MAX_GRID_YZ, UNBOUNDED_WINDOW, check_attention_dtype, check_flag, check_nonnegative_strides,
                      check_output, check_sinks, check_unit_last_stride, parse_scale, parse_softcap, parse_window,
                      require)
+from .persistent_deal import TAIL_CTAS, TAIL_SLOTS, key_tiles, tail_deal, virtual_block_costs
 from .prepared import Op
 
 __all__ = ["sdpa"]
@@ -80,8 +81,17 @@ class _PackedPrefix(ctypes.Structure):
 
 
 _TENSOR_MAP = ctypes.c_uint8 * MAP_BYTES
-# C aligns each TensorMap to 64 bytes; a padding field here stands for the gap before the first.
+# C aligns each TensorMap to 64 bytes; a padding field here stands for the gap before the first,
+# and one at the end for C's rounding of the struct's size to 64 (the driver copies that much).
 _MAP_PADDING = -ctypes.sizeof(_PackedPrefix) % 64
+_TAIL_FIELDS = [("tail_round", ctypes.c_int32), ("tail_blocks", ctypes.c_uint16 * (TAIL_CTAS * TAIL_SLOTS))]
+
+
+class _Tail(ctypes.Structure):
+    _fields_ = _TAIL_FIELDS
+
+
+_END_PADDING = -(ctypes.sizeof(_PackedPrefix) + _MAP_PADDING + 5 * MAP_BYTES + ctypes.sizeof(_Tail)) % 64
 
 
 class _FlashFwdParams(ParamStruct):
@@ -90,7 +100,7 @@ class _FlashFwdParams(ParamStruct):
     _fields_ = _PACKED_FIELDS + _MAP_PREFIX_FIELDS + [
         ("_padding", ctypes.c_uint8 * _MAP_PADDING),
         ("q_map", _TENSOR_MAP), ("k_map", _TENSOR_MAP), ("v_map", _TENSOR_MAP), ("mask_map", _TENSOR_MAP),
-        ("o_map", _TENSOR_MAP)]
+        ("o_map", _TENSOR_MAP)] + _TAIL_FIELDS + [("_end_padding", ctypes.c_uint8 * _END_PADDING)]
 
 
 # ---- validation (host only, before any device work) ---------------------------------
@@ -390,6 +400,11 @@ def _bind(binding, a: dict, c: _Checked, *_options) -> None:
             mul, shift = fast_divisor(divisor)
             setattr(params, f"{name}_mul", mul)
             setattr(params, f"{name}_shift", shift)
+        tiles = key_tiles(plan.rows, persistent.keys, sq, skv, c.left, c.right, c.diag_offset)
+        deal = tail_deal(virtual_block_costs(grid, heavy is not None, tiles), binding.device.sm_count)
+        if deal is not None:
+            params.tail_round = deal.tail_round
+            params.tail_blocks[:] = deal.table()
         grid = (binding.device.sm_count, 1, 1)  # a CTA an SM: its shared memory leaves room for no other
     launch = binding.launch(plan.kernel, grid, (plan.threads, 1, 1), params, plan.shared)
     for name, field in (("q", "q"), ("k", "k"), ("v", "v"), ("out", "o"), ("out_lse", "lse"),
