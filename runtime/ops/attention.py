@@ -85,13 +85,8 @@ _TENSOR_MAP = ctypes.c_uint8 * MAP_BYTES
 # and one at the end for C's rounding of the struct's size to 64 (the driver copies that much).
 _MAP_PADDING = -ctypes.sizeof(_PackedPrefix) % 64
 _TAIL_FIELDS = [("tail_round", ctypes.c_int32), ("tail_blocks", ctypes.c_uint16 * (TAIL_CTAS * TAIL_SLOTS))]
-
-
-class _Tail(ctypes.Structure):
-    _fields_ = _TAIL_FIELDS
-
-
-_END_PADDING = -(ctypes.sizeof(_PackedPrefix) + _MAP_PADDING + 5 * MAP_BYTES + ctypes.sizeof(_Tail)) % 64
+_END_PADDING = -(ctypes.sizeof(_PackedPrefix) + _MAP_PADDING + 5 * MAP_BYTES +
+                 sum(ctypes.sizeof(ctype) for _, ctype in _TAIL_FIELDS)) % 64
 
 
 class _FlashFwdParams(ParamStruct):
