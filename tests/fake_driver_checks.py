@@ -673,7 +673,7 @@ def persistent_twins_deal_their_last_blocks() -> None:
     assert want is not None and short.params.tail_round == want.tail_round == 14, short.params.tail_round
     assert list(short.params.tail_blocks) == want.table()
     windowed = launch(8, 16, 1024, window=(300, 0))  # 8 query blocks of 1 to 4 key tiles
-    assert windowed.params.tail_round == 6 and list(windowed.params.tail_blocks) != [deal.TAIL_NONE] * 528
+    assert windowed.params.tail_round == 6 and set(windowed.params.tail_blocks) != {deal.TAIL_NONE}
     for snake in (launch(4, 32, 4096), launch(2, 16, 1024, causal=True)):  # alike blocks; under two rounds
         assert snake.params.tail_round == 0, snake.params.tail_round
     q, k, v = (e((32, 16, 512, 128), BF16) for _ in range(3))
