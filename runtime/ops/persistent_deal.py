@@ -97,16 +97,13 @@ def tail_deal(costs: np.ndarray, ctas: int) -> TailDeal | None:
     heap = [(float(load), c) for c, load in enumerate(_snake_loads(costs, ctas, tail_round))]
     heapq.heapify(heap)
     blocks: list[list[int]] = [[] for _ in range(ctas)]
-    busiest = 0.0
     for block in sorted(range(first, len(costs)), key=lambda n: (-costs[n], n)):
         load, c = heapq.heappop(heap)
         blocks[c].append(block - first)
-        load += float(costs[block])
-        busiest = max(busiest, load)
-        heapq.heappush(heap, (load, c))
-    busiest = max(busiest, max(load for load, _ in heap))
+        heapq.heappush(heap, (load + float(costs[block]), c))
     if max(map(len, blocks)) > TAIL_SLOTS:
         return None
+    busiest = max(load for load, _ in heap)
     if busiest > _snake_loads(costs, ctas, -(-len(costs) // ctas)).max() * (1 - MIN_GAIN):
         return None
     return TailDeal(tail_round, tuple(tuple(offsets) for offsets in blocks))
